@@ -1,0 +1,109 @@
+"""`ReAnchorConfig`: how shifted blocks are drafted and attached to the draft tree.
+
+Every field is checked when the config is built; a bad value raises `ValueError`
+naming the field and the values it allows. The defaults are provisional until the
+cost model of issue 3 picks them by measured tokens/s (see README, "Defaults").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+AttachPolicy = Literal["earliest", "offset", "random", "longest_prefix"]
+NoMatchFallback = Literal["skip", "offset"]
+Region = Literal["all", "in_block", "beyond"]
+
+ATTACH_POLICIES: tuple[str, ...] = ("earliest", "offset", "random", "longest_prefix")
+NO_MATCH_FALLBACKS: tuple[str, ...] = ("skip", "offset")
+REGIONS: tuple[str, ...] = ("all", "in_block", "beyond")
+
+
+@dataclass(frozen=True)
+class ReAnchorConfig:
+    """Settings of ReAnchor drafting (DESIGN.md §3).
+
+    Attributes
+    ----------
+    offsets:
+        The shifted offsets ``D``: row ``d`` re-anchors the drafter at position
+        ``s + d`` with the target's top-1 prediction there, conditioned on the
+        first ``d`` rejected-suffix features. Distinct positive ints, sorted on
+        construction. A row whose ``d`` exceeds the stored suffix is skipped.
+    policy:
+        Where a shifted block is attached to the baseline chain ``b, g1, ...``:
+        ``"earliest"`` (smallest depth ``j`` with ``g_j == a_d``, the paper's
+        default), ``"offset"`` (depth ``d`` whatever the token there),
+        ``"random"`` (uniform among the matching depths) or
+        ``"longest_prefix"`` (the match whose preceding baseline tokens agree
+        longest with the rejected tokens preceding ``a_d``).
+    root_site:
+        Whether depth 0 (the root, the bonus token) counts as a match.
+    fallback:
+        What a matching policy does when no depth matches: ``"skip"`` the row
+        or attach it at its ``"offset"``.
+    node_budget:
+        The most tree nodes sent to verification, root included. Nodes are
+        kept in creation order (baseline, then rows by ascending ``d``, each
+        row shallow to deep), so the deepest nodes of the last-attached rows go
+        first.
+    region:
+        Ablation of the paper's Table 4: ``"all"`` keeps every attached node,
+        ``"in_block"`` only nodes at depth ``<= B - 1``, ``"beyond"`` only nodes
+        of shifted rows below depth ``B - 1`` (plus the whole baseline).
+    max_requests:
+        Cap on the number of requests whose rejected suffix is held at once.
+    seed:
+        Seed of the generator behind ``policy="random"``.
+    """
+
+    offsets: tuple[int, ...] = (1, 2, 3)
+    policy: AttachPolicy = "earliest"
+    root_site: bool = False
+    fallback: NoMatchFallback = "skip"
+    node_budget: int = 48
+    region: Region = "all"
+    max_requests: int = 4096
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        offsets = self.offsets
+        if isinstance(offsets, int) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in offsets
+        ):
+            raise ValueError(
+                f"ReAnchorConfig.offsets must be a sequence of positive ints, got {offsets!r}"
+            )
+        offsets = tuple(sorted(offsets))
+        if any(d < 1 for d in offsets) or len(set(offsets)) != len(offsets):
+            raise ValueError(
+                f"ReAnchorConfig.offsets must be distinct ints >= 1, got {self.offsets!r}"
+            )
+        object.__setattr__(self, "offsets", offsets)
+        _check_choice("policy", self.policy, ATTACH_POLICIES)
+        _check_choice("fallback", self.fallback, NO_MATCH_FALLBACKS)
+        _check_choice("region", self.region, REGIONS)
+        if not isinstance(self.root_site, bool):
+            raise ValueError(f"ReAnchorConfig.root_site must be a bool, got {self.root_site!r}")
+        for name in ("node_budget", "max_requests"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ReAnchorConfig.{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"ReAnchorConfig.seed must be an int, got {self.seed!r}")
+
+    @property
+    def max_offset(self) -> int:
+        """Largest offset: the rejected-suffix length worth storing."""
+        return max(self.offsets, default=0)
+
+    def replace(self, **changes: object) -> ReAnchorConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(
+            f"ReAnchorConfig.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}"
+        )

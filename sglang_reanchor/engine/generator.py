@@ -1,0 +1,320 @@
+"""`SpeculativeGenerator`: the reference ReAnchor engine over Hugging Face models.
+
+The decoding loop is `SpeculativeGenerator._speculate`; read it top to bottom:
+prefill -> propose (one drafter forward: baseline + shifted blocks) -> build the
+tree -> verify (one target forward over every node) -> accept -> commit (keep the
+accepted path's KV and features, store the rejected suffix) -> stop check.
+
+Methods: ``"target"`` (plain decoding with a KV cache), ``"dflash"`` (the baseline
+block verified as a chain) and ``"reanchor"`` (baseline plus shifted blocks,
+verified as a tree). All three emit exactly the target's tokens at T=0 and the
+target's distribution at T>0; only the speed differs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..config import ReAnchorConfig
+from ..drafter import DFlashDrafter, DraftContextCache, draft_blocks
+from ..sampling import SamplingParams, sample_tokens
+from ..suffix import RejectedSuffix, SuffixStore
+from ..tree import DraftTree, build_draft_tree
+from ..verify import Acceptance, verify_tree
+from .target import TargetModel
+
+__all__ = ["SpeculativeGenerator", "GenerationResult", "METHODS"]
+
+Method = Literal["target", "dflash", "reanchor"]
+METHODS: tuple[str, ...] = ("target", "dflash", "reanchor")
+
+
+@dataclass
+class GenerationResult:
+    """What one `generate` call produced, and how fast."""
+
+    tokens: list[int]  # new token ids (the prompt excluded), EOS included if reached
+    acceptance_lengths: list[int]  # per verify round: accepted drafts + 1 (empty for "target")
+    method: str
+    finish_reason: str  # "eos" or "length"
+    prompt_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    tree_sizes: list[int] = field(default_factory=list)  # verified nodes per round
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        """End-to-end: new tokens over prefill + decode time."""
+        return len(self.tokens) / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Mean tau over rounds (1.0 for plain decoding: one token per target forward)."""
+        taus = self.acceptance_lengths
+        return sum(taus) / len(taus) if taus else 1.0
+
+
+@dataclass
+class _Request:
+    """Per-request decoding state (one sequence)."""
+
+    id: str
+    cache: object  # the target's DynamicCache, holding positions [0, seq_len)
+    draft_cache: DraftContextCache  # drafter context K/V, positions [0, seq_len)
+    seq_len: int  # s: committed tokens whose KV is cached
+    bonus: int  # the committed token at position s (its KV not cached yet)
+
+
+class SpeculativeGenerator:
+    """ReAnchor / DFlash speculative decoding over a Hugging Face causal LM.
+
+    Parameters
+    ----------
+    target:
+        A Hugging Face ``*ForCausalLM`` (Llama and Qwen3 families tested).
+    drafter:
+        A `DFlashDrafter` built for this target (checked on construction).
+    config:
+        ReAnchor settings (offsets, attachment policy, node budget, ...).
+    tokenizer:
+        Optional; exposed as ``.tokenizer`` for users and the demo.
+    """
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafter: DFlashDrafter,
+        config: ReAnchorConfig | None = None,
+        tokenizer: object | None = None,
+    ) -> None:
+        drafter.validate_target(target.config)
+        self.target = TargetModel(target, tuple(drafter.target_layer_ids))
+        self.drafter = drafter.to(device=self.target.device).eval()
+        self.config = config or ReAnchorConfig()
+        self.tokenizer = tokenizer
+        self.suffixes = SuffixStore(max_len=self.config.max_offset, max_requests=self.config.max_requests)
+        self._tree_rng = torch.Generator().manual_seed(self.config.seed)
+        self._eos = self._eos_ids()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | Path | None = None,
+        drafter: str | Path | None = None,
+        device: str | torch.device | None = None,
+        config: ReAnchorConfig | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> SpeculativeGenerator:
+        """Load a Hugging Face target folder and a z-lab-format drafter folder.
+
+        With no ``target`` this loads the CPU default, SmolLM2-135M-Instruct (see
+        `sglang_reanchor.hub`); with no ``drafter``, the drafter shipped for it.
+        """
+        from ..hub import default_drafter, load_target
+
+        model, tokenizer = load_target(target, device=device, dtype=dtype)
+        if drafter is None:
+            if target is not None:
+                raise ValueError("drafter=None is only allowed with the default target; pass a drafter folder")
+            draft = default_drafter(model, device=model.device, dtype=model.dtype)
+        else:
+            draft = DFlashDrafter.from_pretrained(drafter, device=model.device, dtype=model.dtype)
+        return cls(model, draft, config=config, tokenizer=tokenizer)
+
+    # ---- public API ---------------------------------------------------------------
+
+    def generate(
+        self,
+        input_ids: Sequence[int] | Tensor,
+        max_new_tokens: int,
+        method: Method = "reanchor",
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (a list or ``[1, P]``)."""
+        prompt = self._check_prompt(input_ids, max_new_tokens)
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        rng = torch.Generator(device=self.target.device)
+        rng.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
+        request_id = uuid.uuid4().hex
+        try:
+            return self._speculate(prompt, max_new_tokens, method, params, rng, request_id)
+        finally:
+            self.suffixes.release(request_id)  # finished, failed or interrupted: free its state
+
+    # ---- the decoding loop --------------------------------------------------------
+
+    @torch.inference_mode()
+    def _speculate(
+        self,
+        prompt: Tensor,
+        max_new: int,
+        method: str,
+        params: SamplingParams,
+        rng: torch.Generator,
+        request_id: str,
+    ) -> GenerationResult:
+        t0 = time.perf_counter()
+        req = self._prefill(prompt, params, rng, request_id, with_drafter=method != "target")
+        out, taus, sizes = [req.bonus], [], []
+        t1 = time.perf_counter()
+        while not self._finished(out, max_new):
+            if method == "target":
+                out.append(self._decode_one(req, params, rng))
+                continue
+            tree = self._propose(req, shifted=method == "reanchor")  # one drafter forward
+            verified = self.target.forward(  # one target forward over every node
+                tree.tokens, tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device)), req.cache, tree.ancestor_mask()[0]
+            )
+            acc = verify_tree(tree, verified.logits, params, rng)
+            out += acc.new_tokens(tree)[0]
+            self._commit(req, tree, acc, verified.features)
+            taus.append(int(acc.accept_lengths[0]))
+            sizes.append(int(tree.num_nodes[0]))
+        tokens, reason = self._truncate(out, max_new)
+        return GenerationResult(
+            tokens=tokens,
+            acceptance_lengths=taus,
+            method=method,
+            finish_reason=reason,
+            prompt_tokens=prompt.shape[1],
+            prefill_seconds=t1 - t0,
+            decode_seconds=time.perf_counter() - t1,
+            tree_sizes=sizes,
+        )
+
+    # ---- steps --------------------------------------------------------------------
+
+    def _prefill(
+        self, prompt: Tensor, params: SamplingParams, rng: torch.Generator, request_id: str, *, with_drafter: bool
+    ) -> _Request:
+        """Run the prompt through the target; sample the first token; seed the drafter context."""
+        cache = self.target.new_cache()
+        n = prompt.shape[1]
+        positions = torch.arange(n)[None]
+        out = self.target.forward(prompt, positions, cache, features=with_drafter, last_only=True)
+        first = int(sample_tokens(out.logits[:, -1], params, rng)[0])
+        draft_cache = DraftContextCache()
+        if with_drafter:
+            draft_cache.append(self.drafter.project_context(out.features.to(self.drafter.dtype), positions.to(self.target.device)))
+        return _Request(id=request_id, cache=cache, draft_cache=draft_cache, seq_len=n, bonus=first)
+
+    def _decode_one(self, req: _Request, params: SamplingParams, rng: torch.Generator) -> int:
+        """Plain decoding: feed the last token, sample the next."""
+        out = self.target.forward(
+            torch.tensor([[req.bonus]]), torch.tensor([[req.seq_len]]), req.cache, features=False
+        )
+        req.seq_len += 1
+        req.bonus = int(sample_tokens(out.logits[:, -1], params, rng)[0])
+        return req.bonus
+
+    def _propose(self, req: _Request, *, shifted: bool) -> DraftTree:
+        """Draft the baseline block (and, for ReAnchor, the shifted blocks) in one forward."""
+        s, dev = req.seq_len, self.target.device
+        suffix = self.suffixes.get(req.id) if shifted else None
+        length = len(suffix) if suffix is not None else 0
+        offsets = [d for d in self.config.offsets if d <= length]
+        anchors = [req.bonus] + [int(suffix.predictions[d - 1]) for d in offsets]
+        extra = suffix.features[None, : max(offsets)] if offsets else None
+        blocks = draft_blocks(
+            self.drafter,
+            req.draft_cache,
+            anchors=torch.tensor([anchors], device=dev),
+            anchor_positions=torch.tensor([[s] + [s + d for d in offsets]], device=dev),
+            extra_features=extra,
+            extra_visible=torch.tensor([[0] + offsets], device=dev),
+            embed_tokens=self.target.embed_tokens,
+            lm_head=self.target.lm_head,
+        )  # [1, 1 + R, B]
+        if not shifted:
+            return DraftTree.chain(blocks[:, 0])
+        return build_draft_tree(
+            blocks[:, 0],
+            blocks[:, 1:],
+            offsets=torch.tensor(offsets, dtype=torch.long, device=dev),
+            row_valid=torch.ones(1, len(offsets), dtype=torch.bool, device=dev),
+            rejected_tokens=suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long),
+            config=self.config,
+            generator=self._tree_rng,
+        )
+
+    def _commit(self, req: _Request, tree: DraftTree, acc: Acceptance, features: Tensor) -> None:
+        """Keep the accepted path in both caches; store the rejected suffix for the next round."""
+        s, t = req.seq_len, int(acc.accept_lengths[0])
+        path = acc.accepted_nodes[0, :t]
+        self.target.keep_tokens(req.cache, s, path)
+        positions = torch.arange(s, s + t, device=self.target.device)[None]
+        req.draft_cache.append(self.drafter.project_context(features[:, path].to(self.drafter.dtype), positions))
+        req.seq_len, req.bonus = s + t, int(acc.bonus[0])
+        if self.config.max_offset:
+            nodes = acc.suffix_nodes[0, : int(acc.suffix_lengths[0])]
+            self.suffixes.put(
+                req.id,
+                RejectedSuffix(
+                    start=req.seq_len,
+                    tokens=tree.tokens[0, nodes],
+                    predictions=acc.suffix_predictions[0, : nodes.shape[0]],
+                    features=features[0, nodes],
+                ),
+            )
+
+    # ---- helpers ------------------------------------------------------------------
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.target.model, "generation_config", None), self.target.config):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is not None:
+                ids.update([eos] if isinstance(eos, int) else eos)
+        return ids
+
+    def _finished(self, out: list[int], max_new: int) -> bool:
+        return len(out) >= max_new or not self._eos.isdisjoint(out)
+
+    def _truncate(self, out: list[int], max_new: int) -> tuple[list[int], str]:
+        """Cut at the first EOS (kept) and at ``max_new`` tokens."""
+        for i, tok in enumerate(out[:max_new]):
+            if tok in self._eos:
+                return out[: i + 1], "eos"
+        return out[:max_new], "length"
+
+    def _check_prompt(self, input_ids: Sequence[int] | Tensor, max_new_tokens: int) -> Tensor:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        ids = input_ids if isinstance(input_ids, Tensor) else torch.tensor(list(input_ids), dtype=torch.long)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be a list of ints or a [1, P] LongTensor, got shape {tuple(ids.shape)}")
+        if ids.shape[1] == 0:
+            raise ValueError("input_ids is empty: the prompt needs at least one token")
+        if ids.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
+            raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+        vocab = self.target.config.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"input_ids must lie in [0, {vocab - 1}] (the target's vocab_size is {vocab})")
+        limit = getattr(self.target.config, "max_position_embeddings", None)
+        # Trees verify up to 2 * block_size positions past the committed length.
+        needed = ids.shape[1] + max_new_tokens + 2 * self.drafter.block_size
+        if limit is not None and needed > limit:
+            raise ValueError(
+                f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) + 2 * block_size "
+                f"({2 * self.drafter.block_size}) = {needed} exceeds the target's max_position_embeddings ({limit})"
+            )
+        return ids.long().to(self.target.device)

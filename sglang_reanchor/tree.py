@@ -1,0 +1,373 @@
+"""Draft trees: built from a baseline block plus shifted blocks, compiled for verification.
+
+A draft tree is a trie of draft tokens rooted at the bonus token ``b`` (the last
+committed token, at position ``s``). Node ``i`` at depth ``t`` sits at position
+``s + t`` and is verified attending to the committed prefix and its ancestors.
+
+Nodes are numbered in *creation order*: the baseline chain ``b, g1, ..., g(B-1)``
+first, then each attached shifted row (ascending offset ``d``), shallow to deep.
+Hence every parent index is smaller than its child's, a node's ancestors are
+exactly the lower-numbered nodes on its path, and truncating to the first
+``node_budget`` nodes drops "the deepest nodes of the last-attached rows first"
+while leaving a valid tree.
+
+Worked example (``B = 4``, one shifted row ``d = 1`` with anchor ``a1 = 7`` whose
+drafts are ``[9, 5, 6]``; baseline ``[3, 7, 8, 4]``; policy ``earliest``)::
+
+    baseline: 3 -> 7 -> 8 -> 4          depths 0..3
+    row d=1 : 7 -> 9 -> 5 -> 6          a1 == g1 == 7, so it attaches at depth 1
+    trie    : 3 ─ 7 ┬ 8 ─ 4             node ids: 0:3 1:7 2:8 3:4 4:9 5:5 6:6
+                    └ 9 ─ 5 ─ 6         (a1 merged into node 1)
+
+>>> import torch
+>>> from sglang_reanchor.config import ReAnchorConfig
+>>> tree = build_draft_tree(
+...     torch.tensor([[3, 7, 8, 4]]), torch.tensor([[[7, 9, 5, 6]]]),
+...     offsets=torch.tensor([1]), row_valid=torch.tensor([[True]]),
+...     rejected_tokens=torch.tensor([[2]]), config=ReAnchorConfig(offsets=(1,)))
+>>> tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()
+([[3, 7, 8, 4, 9, 5, 6]], [[-1, 0, 1, 2, 1, 4, 5]], [[0, 1, 2, 3, 2, 3, 4]])
+>>> tree.row_sites.tolist()   # depth at which each shifted row's anchor sits
+[[1]]
+>>> [t.tolist() for t in tree.retrieve_arrays()]  # SGLang's pointer arrays
+[[[0, 1, 2, 3, 4, 5, 6]], [[1, 2, 3, -1, 5, 6, -1]], [[-1, -1, 4, -1, -1, -1, -1]]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .config import ReAnchorConfig
+
+__all__ = ["DraftTree", "build_draft_tree"]
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A batch of draft tries, padded to ``N`` nodes (node 0 is the root).
+
+    Padding nodes (``i >= num_nodes[b]``) carry token 0, parent -1, depth 0.
+    """
+
+    tokens: Tensor  # [bs, N] long: draft token of each node (node 0: the bonus token)
+    parents: Tensor  # [bs, N] long: parent node id; -1 for the root and for padding
+    depth: Tensor  # [bs, N] long: depth below the root (root 0)
+    num_nodes: Tensor  # [bs] long: real nodes per request
+    source_row: Tensor  # [bs, N] long: drafter row that created the node (0 baseline, r+1 shifted row r)
+    row_sites: Tensor  # [bs, R] long: depth where shifted row r's anchor sits; -1 = not attached
+
+    # ---- constructors -------------------------------------------------------------
+
+    @staticmethod
+    def chain(tokens: Tensor) -> DraftTree:
+        """The DFlash baseline: a chain ``tokens[:, 0] -> tokens[:, 1] -> ...``.
+
+        ``tokens``: ``[bs, B]`` long.
+        """
+        bs, n = tokens.shape
+        idx = torch.arange(n, device=tokens.device).expand(bs, n)
+        return DraftTree(
+            tokens=tokens.long(),
+            parents=idx - 1,
+            depth=idx.clone(),
+            num_nodes=torch.full((bs,), n, dtype=torch.long, device=tokens.device),
+            source_row=torch.zeros_like(idx),
+            row_sites=torch.zeros(bs, 0, dtype=torch.long, device=tokens.device),
+        )
+
+    @staticmethod
+    def from_lists(tokens: list[list[int]], parents: list[list[int]]) -> DraftTree:
+        """Test constructor from per-request lists (parents precede children).
+
+        >>> DraftTree.from_lists([[5, 6, 7]], [[-1, 0, 0]]).depth.tolist()
+        [[0, 1, 1]]
+        """
+        if len(tokens) != len(parents) or any(len(t) != len(p) for t, p in zip(tokens, parents)):
+            raise ValueError("tokens and parents must have the same ragged shape")
+        bs, n = len(tokens), max(len(t) for t in tokens)
+        tok = torch.zeros(bs, n, dtype=torch.long)
+        par = torch.full((bs, n), -1, dtype=torch.long)
+        dep = torch.zeros(bs, n, dtype=torch.long)
+        for b, (ts, ps) in enumerate(zip(tokens, parents)):
+            if not ts or ps[0] != -1:
+                raise ValueError(f"request {b}: node 0 must be a root with parent -1")
+            for i, (t, p) in enumerate(zip(ts, ps)):
+                if i > 0 and not 0 <= p < i:
+                    raise ValueError(f"request {b}: parent of node {i} must be in [0, {i}), got {p}")
+                tok[b, i], par[b, i] = t, p
+                dep[b, i] = 0 if i == 0 else dep[b, p] + 1
+        return DraftTree(
+            tokens=tok,
+            parents=par,
+            depth=dep,
+            num_nodes=torch.tensor([len(t) for t in tokens], dtype=torch.long),
+            source_row=torch.zeros(bs, n, dtype=torch.long),
+            row_sites=torch.zeros(bs, 0, dtype=torch.long),
+        )
+
+    # ---- views ----------------------------------------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def width(self) -> int:
+        """``N``: padded node count."""
+        return self.tokens.shape[1]
+
+    @property
+    def valid(self) -> Tensor:
+        """``[bs, N]`` bool: real (non-padding) nodes."""
+        idx = torch.arange(self.width, device=self.tokens.device)
+        return idx < self.num_nodes[:, None]
+
+    def positions(self, prefix_lens: Tensor) -> Tensor:
+        """``[bs, N]`` long: absolute positions ``prefix_lens[b] + depth`` (``prefix_lens``: ``[bs]``)."""
+        return prefix_lens[:, None].to(self.depth) + self.depth
+
+    def ancestor_mask(self) -> Tensor:
+        """``[bs, N, N]`` bool: ``[b, i, j]`` is True iff ``j`` is ``i`` or an ancestor of ``i``.
+
+        Padding nodes see only themselves. Computed by boolean transitive closure
+        (log2(N) squarings of the parent relation), not by walking nodes.
+        """
+        bs, n = self.parents.shape
+        eye = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(bs, n, n)
+        has_parent = self.parents >= 0
+        direct = torch.zeros(bs, n, n, dtype=torch.bool, device=self.parents.device)
+        direct.scatter_(2, self.parents.clamp(min=0)[..., None], has_parent[..., None])
+        reach = (eye | direct).float()
+        for _ in range(max(1, (n - 1).bit_length())):
+            reach = (reach @ reach).clamp_(max=1.0)
+        return reach.bool()
+
+    def retrieve_arrays(self) -> tuple[Tensor, Tensor, Tensor]:
+        """SGLang's tree pointers, each ``[bs, N]`` long (-1 = none).
+
+        Returns ``(retrieve_index, retrieve_next_token, retrieve_next_sibling)``:
+        the flat node index ``b * N + i``, the first (lowest-numbered) child, and
+        the next higher-numbered sibling.
+        """
+        bs, n = self.parents.shape
+        dev = self.parents.device
+        idx = torch.arange(n, device=dev).expand(bs, n)
+        valid = self.valid
+        retrieve_index = torch.where(valid, idx + n * torch.arange(bs, device=dev)[:, None], -1)
+
+        is_child = valid & (self.parents >= 0)
+        first_child = torch.full((bs, n + 1), n, dtype=torch.long, device=dev)
+        slot = torch.where(is_child, self.parents, n)  # non-children land in the spare column
+        first_child.scatter_reduce_(1, slot, torch.where(is_child, idx, n), reduce="amin")
+        next_token = first_child[:, :n]
+        next_token = torch.where(next_token == n, -1, next_token)
+
+        same_parent = (self.parents[:, :, None] == self.parents[:, None, :]) & is_child[:, :, None]
+        later = idx[:, None, :] > idx[:, :, None]
+        candidates = same_parent & later & is_child[:, None, :]
+        sibling = torch.where(candidates, idx[:, None, :], n).amin(dim=2)
+        next_sibling = torch.where(sibling == n, -1, sibling)
+        return retrieve_index, next_token, next_sibling
+
+
+def build_draft_tree(
+    baseline: Tensor,
+    shifted: Tensor,
+    offsets: Tensor,
+    row_valid: Tensor,
+    rejected_tokens: Tensor,
+    config: ReAnchorConfig,
+    generator: torch.Generator | None = None,
+) -> DraftTree:
+    """Attach shifted blocks to the baseline chain and merge them into one trie.
+
+    Parameters
+    ----------
+    baseline:
+        ``[bs, B]`` long: the bonus token ``b`` then the ``B - 1`` baseline drafts.
+    shifted:
+        ``[bs, R, B]`` long: row ``r`` is ``a_d`` (the target's top-1 at ``s + d``)
+        then its ``B - 1`` drafts, for ``d = offsets[r]``.
+    offsets:
+        ``[R]`` long: the offset ``d`` of each row.
+    row_valid:
+        ``[bs, R]`` bool: False where request ``b`` has no row ``r`` (its stored
+        rejected suffix is shorter than ``d``).
+    rejected_tokens:
+        ``[bs, L]`` long: rejected-suffix tokens at positions ``s, s+1, ...``
+        (padding anywhere past a row's ``d`` is never read); used by
+        ``longest_prefix``.
+    config:
+        Attachment policy, root site, fallback, region and node budget.
+    generator:
+        Source of randomness for ``policy="random"``.
+
+    Returns
+    -------
+    DraftTree
+        Nodes in creation order, at most ``config.node_budget`` per request.
+    """
+    bs, block = baseline.shape
+    rows = shifted.shape[1]
+    if shifted.shape != (bs, rows, block) or offsets.shape != (rows,) or row_valid.shape != (bs, rows):
+        raise ValueError(
+            f"expected shifted [bs, R, B], offsets [R], row_valid [bs, R] for baseline {tuple(baseline.shape)}; "
+            f"got {tuple(shifted.shape)}, {tuple(offsets.shape)}, {tuple(row_valid.shape)}"
+        )
+    dev = baseline.device
+    sites, attached = _attach_sites(baseline, shifted, offsets, row_valid, rejected_tokens, config, generator)
+
+    # Each candidate node is named by its full token path from the root, padded with -1.
+    # Candidates: the B baseline prefixes, then for each row r and k < B the path
+    # baseline[:site] + shifted[r, :k+1].
+    max_len = 2 * block + 1
+    pos = torch.arange(max_len, device=dev)
+    k = torch.arange(block, device=dev)
+    base_paths = torch.where(
+        pos[None, None, :] <= k[None, :, None],
+        baseline[:, None, :].expand(bs, block, block).gather(2, pos.clamp(max=block - 1).expand(bs, block, max_len)),
+        -1,
+    )  # [bs, B, max_len]
+    site = sites[:, :, None, None]  # [bs, R, 1, 1]
+    from_base = pos < site
+    from_row = (pos >= site) & (pos - site <= k[None, None, :, None])
+    base_tok = baseline[:, None, None, :].expand(bs, rows, block, block)
+    base_part = base_tok.gather(3, pos.clamp(max=block - 1).expand(bs, rows, block, max_len))
+    row_idx = (pos - site).clamp(0, block - 1).expand(bs, rows, block, max_len)
+    row_part = shifted[:, :, None, :].expand(bs, rows, block, block).gather(3, row_idx)
+    row_paths = torch.where(from_base, base_part, torch.where(from_row, row_part, -1))
+    paths = torch.cat([base_paths, row_paths.reshape(bs, rows * block, max_len)], dim=1)  # [bs, C, max_len]
+
+    depth_base = k.expand(bs, block)
+    depth_rows = sites[:, :, None] + k[None, None, :]  # [bs, R, B]
+    keep_rows = attached[:, :, None].expand(bs, rows, block) & _region_keep(
+        config, baseline, shifted, sites, depth_rows, block
+    )
+    keep = torch.cat([torch.ones_like(depth_base, dtype=torch.bool), keep_rows.reshape(bs, -1)], dim=1)
+    depth = torch.cat([depth_base, depth_rows.reshape(bs, -1)], dim=1)
+
+    # Parent candidate of each candidate (the same path minus its last token).
+    n_cand = paths.shape[1]
+    parent_base = k - 1
+    parent_rows = torch.where(
+        k[None, None, :] > 0,
+        block + torch.arange(rows, device=dev)[None, :, None] * block + k[None, None, :] - 1,
+        sites[:, :, None] - 1,  # the anchor's parent: baseline node at depth site-1 (-1: root merge)
+    )
+    parent = torch.cat([parent_base.expand(bs, block), parent_rows.reshape(bs, -1)], dim=1)
+
+    # Merge identical paths: each candidate's representative is the first kept candidate with its path.
+    same = (paths[:, :, None, :] == paths[:, None, :, :]).all(dim=3) & keep[:, None, :]
+    rep = same.float().argmax(dim=2)  # first True (every kept candidate matches itself)
+    is_node = keep & (rep == torch.arange(n_cand, device=dev))
+    node_id = is_node.long().cumsum(dim=1) - 1  # creation-order id of each representative
+    in_budget = is_node & (node_id < config.node_budget)
+    num_nodes = in_budget.sum(dim=1)
+    n = int(num_nodes.max())
+
+    cand_node = node_id.gather(1, rep)  # node of every kept candidate
+    parent_node = torch.where(parent >= 0, cand_node.gather(1, parent.clamp(min=0)), -1)
+    last_tok = paths.gather(2, depth[..., None]).squeeze(2)
+    source = torch.cat(
+        [torch.zeros(bs, block, dtype=torch.long, device=dev),
+         (torch.arange(rows, device=dev) + 1).repeat_interleave(block).expand(bs, -1)],
+        dim=1,
+    )
+
+    slot = torch.where(in_budget, node_id, n)  # out-of-budget candidates go to a spare column
+    def scatter(values: Tensor, fill: int) -> Tensor:
+        out = torch.full((bs, n + 1), fill, dtype=torch.long, device=dev)
+        return out.scatter_(1, slot, torch.where(in_budget, values, fill))[:, :n]
+
+    anchor_kept = keep[:, block::block] & (cand_node[:, block::block] < config.node_budget)
+    row_sites = torch.where(attached & anchor_kept, sites, -1)
+    return DraftTree(
+        tokens=scatter(last_tok, 0),
+        parents=scatter(parent_node, -1),
+        depth=scatter(depth, 0),
+        num_nodes=num_nodes,
+        source_row=scatter(source, 0),
+        row_sites=row_sites,
+    )
+
+
+def _attach_sites(
+    baseline: Tensor,
+    shifted: Tensor,
+    offsets: Tensor,
+    row_valid: Tensor,
+    rejected_tokens: Tensor,
+    config: ReAnchorConfig,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """Depth ``j`` where each row's anchor goes, and whether the row is attached.
+
+    Returns ``(sites [bs, R] long, attached [bs, R] bool)``.
+    """
+    bs, block = baseline.shape
+    rows = shifted.shape[1]
+    dev = baseline.device
+    offset = offsets.to(dev).long()[None, :].expand(bs, rows)
+    # A row attached "at its offset" hangs below baseline depth d-1, which must exist.
+    offset_ok = row_valid & (offset <= block)
+    if config.policy == "offset":
+        return offset, offset_ok
+
+    anchors = shifted[:, :, 0]
+    match = baseline[:, None, :] == anchors[:, :, None]  # [bs, R, B]
+    if not config.root_site:
+        match[:, :, 0] = False
+    j = torch.arange(block, device=dev)
+    if config.policy == "earliest":
+        score = torch.where(match, -j.float(), -float("inf"))
+    elif config.policy == "random":
+        noise = torch.rand(bs, rows, block, generator=generator, device="cpu").to(dev)
+        score = torch.where(match, noise, -float("inf"))
+    else:  # longest_prefix: agreement of g[j-1-i] with r[d-1-i], i = 0, 1, ...
+        width = rejected_tokens.shape[1]
+        i = torch.arange(max(width, 1), device=dev)
+        g_idx = j[None, None, :, None] - 1 - i  # [1, 1, B, L]
+        r_idx = offset[:, :, None, None] - 1 - i  # [bs, R, 1, L]
+        ok = (g_idx >= 0) & (r_idx >= 0) & (r_idx < width)
+        g = baseline[:, None, :].expand(bs, rows, block).gather(2, g_idx.clamp(min=0).reshape(1, 1, -1).expand(bs, rows, -1))
+        g = g.reshape(bs, rows, block, -1)
+        padded = rejected_tokens if width else torch.zeros(bs, 1, dtype=torch.long, device=dev)
+        r = padded[:, None, None, :].expand(bs, rows, block, -1).gather(3, r_idx.clamp(0, max(width - 1, 0)).expand(bs, rows, block, -1))
+        agree = (ok & (g == r)).long().cumprod(dim=3).sum(dim=3).float()
+        # Ties go to the earliest site (argmax returns the first maximum).
+        score = torch.where(match, agree, -float("inf"))
+    has_match = match.any(dim=2) & row_valid
+    best = score.argmax(dim=2)
+    if config.fallback == "offset":
+        sites = torch.where(has_match, best, offset)
+        return sites, has_match | offset_ok
+    return best, has_match
+
+
+def _region_keep(
+    config: ReAnchorConfig,
+    baseline: Tensor,
+    shifted: Tensor,
+    sites: Tensor,
+    depth_rows: Tensor,
+    block: int,
+) -> Tensor:
+    """``[bs, R, B]`` bool: which shifted-row nodes the Table 4 ablation keeps.
+
+    ``in_block`` keeps row nodes at depth ``<= B-1``. ``beyond`` keeps row nodes
+    that coincide with the baseline up to depth ``B-1`` and everything below it,
+    so shifted predictions are used only past the block's end. A row is a chain,
+    so a node is kept only if all its row predecessors are (a cumulative product).
+    """
+    if config.region == "all":
+        return torch.ones_like(depth_rows, dtype=torch.bool)
+    if config.region == "in_block":
+        return depth_rows <= block - 1
+    bs, rows, _ = shifted.shape
+    base_at = baseline[:, None, :].expand(bs, rows, block).gather(2, depth_rows.clamp(max=block - 1))
+    on_baseline = (shifted == base_at) & (depth_rows <= block - 1)
+    ok = on_baseline | (depth_rows > block - 1)
+    return ok.long().cumprod(dim=2).bool()
