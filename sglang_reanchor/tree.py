@@ -313,7 +313,7 @@ def _attach_sites(
     offset = offsets.to(dev).long()[None, :].expand(bs, rows)
     # A row attached "at its offset" hangs below baseline depth d-1, which must exist.
     offset_ok = row_valid & (offset <= block)
-    if config.policy == "offset":
+    if config.policy == "offset" or rows == 0:
         return offset, offset_ok
 
     anchors = shifted[:, :, 0]

@@ -1,0 +1,256 @@
+"""Draft-tree construction and compilation against a plain-Python trie oracle."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_reanchor.config import ReAnchorConfig
+from sglang_reanchor.tree import DraftTree, build_draft_tree
+
+
+# ---- oracle ------------------------------------------------------------------------
+
+
+def oracle_sites(baseline, row, d, rejected, cfg):
+    """Attachment depth of one row under cfg (None = skipped); 'random' is not modelled."""
+    block = len(baseline)
+    lo = 0 if cfg.root_site else 1
+    matches = [j for j in range(lo, block) if baseline[j] == row[0]]
+    if cfg.policy == "offset":
+        return d if d <= block else None
+    if matches:
+        if cfg.policy == "earliest":
+            return matches[0]
+        if cfg.policy == "longest_prefix":
+
+            def agree(j):
+                n = 0
+                while j - 1 - n >= 0 and d - 1 - n >= 0 and d - 1 - n < len(rejected) and baseline[j - 1 - n] == rejected[d - 1 - n]:
+                    n += 1
+                return n
+
+            return max(matches, key=lambda j: (agree(j), -j))
+    if cfg.fallback == "offset" and d <= block:
+        return d
+    return None
+
+
+def oracle_tree(baseline, rows, offsets, rejected, cfg):
+    """Insert baseline then rows into a dict trie, in creation order; apply region and budget."""
+    block = len(baseline)
+    tokens, parents, depth = [baseline[0]], [-1], [0]
+    child = {}
+
+    def insert(parent, tok):
+        key = (parent, tok)
+        if key not in child:
+            child[key] = len(tokens)
+            tokens.append(tok)
+            parents.append(parent)
+            depth.append(depth[parent] + 1)
+        return child[key]
+
+    base_nodes = [0]
+    for tok in baseline[1:]:
+        base_nodes.append(insert(base_nodes[-1], tok))
+    sites = []
+    for row, d in zip(rows, offsets):
+        site = oracle_sites(baseline, row, d, rejected, cfg)
+        sites.append(site)
+        if site is None:
+            continue
+        for k, tok in enumerate(row):
+            dep = site + k
+            if cfg.region == "in_block" and dep > block - 1:
+                break
+            if cfg.region == "beyond" and dep <= block - 1 and baseline[dep] != tok:
+                break
+            if k == 0:
+                cur = 0 if site == 0 else insert(base_nodes[site - 1], tok)
+            else:
+                cur = insert(cur, tok)
+    n = min(len(tokens), cfg.node_budget)
+    return tokens[:n], parents[:n], depth[:n], sites
+
+
+def tree_lists(tree: DraftTree, b: int = 0):
+    n = int(tree.num_nodes[b])
+    return tree.tokens[b, :n].tolist(), tree.parents[b, :n].tolist(), tree.depth[b, :n].tolist()
+
+
+@st.composite
+def tree_inputs(draw):
+    block = draw(st.integers(2, 8))
+    vocab = draw(st.integers(2, 5))  # tiny vocab: many matches and merges
+    offsets = sorted(draw(st.sets(st.integers(1, block + 1), max_size=4)))
+    rows = len(offsets)
+    bs = draw(st.integers(1, 3))
+    tok = st.integers(0, vocab - 1)
+    baseline = [draw(st.lists(tok, min_size=block, max_size=block)) for _ in range(bs)]
+    shifted = [[draw(st.lists(tok, min_size=block, max_size=block)) for _ in range(rows)] for _ in range(bs)]
+    rejected = [draw(st.lists(tok, min_size=block + 1, max_size=block + 1)) for _ in range(bs)]
+    valid = [[draw(st.booleans()) for _ in range(rows)] for _ in range(bs)]
+    cfg = ReAnchorConfig(
+        offsets=tuple(offsets) or (1,),
+        policy=draw(st.sampled_from(["earliest", "offset", "longest_prefix"])),
+        root_site=draw(st.booleans()),
+        fallback=draw(st.sampled_from(["skip", "offset"])),
+        node_budget=draw(st.integers(1, 4 * block)),
+        region=draw(st.sampled_from(["all", "in_block", "beyond"])),
+    )
+    return baseline, shifted, offsets, valid, rejected, cfg
+
+
+def build(baseline, shifted, offsets, valid, rejected, cfg, generator=None):
+    bs, block = len(baseline), len(baseline[0])
+    rows = len(offsets)
+    return build_draft_tree(
+        torch.tensor(baseline),
+        torch.tensor(shifted, dtype=torch.long).reshape(bs, rows, block),
+        offsets=torch.tensor(offsets, dtype=torch.long),
+        row_valid=torch.tensor(valid, dtype=torch.bool).reshape(bs, rows),
+        rejected_tokens=torch.tensor(rejected),
+        config=cfg,
+        generator=generator,
+    )
+
+
+# ---- construction --------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree_inputs())
+def test_build_matches_trie_oracle(inputs):
+    baseline, shifted, offsets, valid, rejected, cfg = inputs
+    tree = build(*inputs)
+    for b in range(len(baseline)):
+        rows = [r for r, v in zip(shifted[b], valid[b]) if v]
+        offs = [d for d, v in zip(offsets, valid[b]) if v]
+        tokens, parents, depth, sites = oracle_tree(baseline[b], rows, offs, rejected[b], cfg)
+        assert tree_lists(tree, b) == (tokens, parents, depth)
+        got_sites = [s for s, v in zip(tree.row_sites[b].tolist(), valid[b]) if v]
+        for got, want in zip(got_sites, sites):
+            assert got == -1 if want is None else got in (want, -1)  # -1: anchor cut by region/budget
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree_inputs())
+def test_tree_invariants(inputs):
+    baseline, shifted, offsets, valid, rejected, cfg = inputs
+    tree = build(*inputs)
+    anc = tree.ancestor_mask()
+    index, next_token, next_sibling = tree.retrieve_arrays()
+    prefix = torch.randint(0, 50, (tree.batch_size,))
+    pos = tree.positions(prefix)
+    for b in range(tree.batch_size):
+        tokens, parents, depth = tree_lists(tree, b)
+        n = len(tokens)
+        assert 1 <= n <= cfg.node_budget
+        assert tokens[0] == baseline[b][0] and parents[0] == -1
+        # parents precede children; depth is parent depth + 1; positions are depths
+        for i in range(1, n):
+            assert 0 <= parents[i] < i and depth[i] == depth[parents[i]] + 1
+        assert pos[b, :n].tolist() == [int(prefix[b]) + d for d in depth]
+        # a trie: no two children of one node share a token
+        kids = {}
+        for i in range(1, n):
+            assert (parents[i], tokens[i]) not in kids
+            kids[(parents[i], tokens[i])] = i
+        # the mask is exactly "j is i or an ancestor of i"
+        for i in range(n):
+            chain, j = {i}, i
+            while parents[j] >= 0:
+                j = parents[j]
+                chain.add(j)
+            assert {j for j in range(n) if anc[b, i, j]} == chain
+        # pointer arrays agree with parents
+        children = {i: [c for c in range(1, n) if parents[c] == i] for i in range(n)}
+        for i in range(n):
+            assert index[b, i] == b * tree.width + i
+            assert next_token[b, i] == (children[i][0] if children[i] else -1)
+            sibs = children[parents[i]] if i > 0 else [i]
+            later = [c for c in sibs if c > i]
+            assert next_sibling[b, i] == (later[0] if later else -1)
+        assert (index[b, n:] == -1).all() and (next_token[b, n:] == -1).all()
+
+
+def test_random_policy_picks_a_matching_site_and_is_seeded():
+    rng = random.Random(0)
+    for trial in range(50):
+        block, vocab = 8, 3
+        baseline = [[rng.randrange(vocab) for _ in range(block)]]
+        shifted = [[[rng.randrange(vocab) for _ in range(block)] for _ in range(3)]]
+        cfg = ReAnchorConfig(offsets=(1, 2, 3), policy="random", node_budget=64)
+        args = (baseline, shifted, [1, 2, 3], [[True] * 3], [[0] * 4], cfg)
+        t1 = build(*args, generator=torch.Generator().manual_seed(trial))
+        t2 = build(*args, generator=torch.Generator().manual_seed(trial))
+        assert torch.equal(t1.tokens, t2.tokens) and torch.equal(t1.row_sites, t2.row_sites)
+        for r, site in enumerate(t1.row_sites[0].tolist()):
+            matches = [j for j in range(1, block) if baseline[0][j] == shifted[0][r][0]]
+            assert (site in matches) if matches else site == -1
+
+
+def test_random_policy_covers_every_match():
+    baseline = [[5, 1, 2, 1, 3, 1]]  # anchor 1 matches depths 1, 3, 5
+    shifted = [[[1, 4, 4, 4, 4, 4]]]
+    cfg = ReAnchorConfig(offsets=(2,), policy="random")
+    gen = torch.Generator().manual_seed(0)
+    seen = {int(build(baseline, shifted, [2], [[True]], [[0, 0]], cfg, gen).row_sites[0, 0]) for _ in range(60)}
+    assert seen == {1, 3, 5}
+
+
+# ---- exact cases --------------------------------------------------------------------
+
+
+def test_policies_on_a_hand_made_case():
+    # baseline b=9: 9 1 2 1 2; shifted row d=2 anchored at 1; rejected tokens r = [7, 2]
+    baseline = [[9, 1, 2, 1, 2]]
+    shifted = [[[1, 5, 6, 7, 8]]]
+    rej = [[7, 2, 0]]
+
+    def site(**kw):
+        cfg = ReAnchorConfig(offsets=(2,), node_budget=64, **kw)
+        return int(build(baseline, shifted, [2], [[True]], rej, cfg).row_sites[0, 0])
+
+    assert site(policy="earliest") == 1
+    assert site(policy="offset") == 2
+    # before a_d come r = [7, 2]; at depth 3 the baseline before it is [.., 1, 2] -> 1 token agrees
+    assert site(policy="longest_prefix") == 3
+
+
+def test_root_site_merges_into_root():
+    cfg = ReAnchorConfig(offsets=(1,), root_site=True)
+    tree = build([[4, 5, 6]], [[[4, 5, 7]]], [1], [[True]], [[0, 0]], cfg)
+    assert tree_lists(tree) == ([4, 5, 6, 7], [-1, 0, 1, 1], [0, 1, 2, 2])
+    assert tree.row_sites.tolist() == [[0]]
+
+
+def test_no_match_skip_vs_offset_fallback():
+    args = ([[1, 2, 3]], [[[9, 8, 7]]], [2], [[True]], [[0, 0]])
+    skip = build(*args, ReAnchorConfig(offsets=(2,), fallback="skip"))
+    assert tree_lists(skip) == ([1, 2, 3], [-1, 0, 1], [0, 1, 2]) and skip.row_sites.tolist() == [[-1]]
+    off = build(*args, ReAnchorConfig(offsets=(2,), fallback="offset"))
+    assert tree_lists(off) == ([1, 2, 3, 9, 8, 7], [-1, 0, 1, 1, 3, 4], [0, 1, 2, 2, 3, 4])
+
+
+def test_budget_drops_deepest_nodes_of_last_rows_first():
+    cfg = ReAnchorConfig(offsets=(1, 2), node_budget=6)
+    tree = build([[0, 1, 2]], [[[1, 5, 6], [2, 7, 8]]], [1, 2], [[True, True]], [[0, 0, 0]], cfg)
+    # baseline 0-1-2 (3 nodes), row d=1: 1(merged)-5-6 (2 new), row d=2: 2(merged)-7-8 -> only 7 fits
+    assert tree_lists(tree) == ([0, 1, 2, 5, 6, 7], [-1, 0, 1, 1, 3, 2], [0, 1, 2, 2, 3, 3])
+
+
+def test_chain_and_from_lists():
+    chain = DraftTree.chain(torch.tensor([[4, 5, 6]]))
+    assert tree_lists(chain) == ([4, 5, 6], [-1, 0, 1], [0, 1, 2])
+    with pytest.raises(ValueError, match="parent of node 2"):
+        DraftTree.from_lists([[1, 2, 3]], [[-1, 0, 2]])
+    with pytest.raises(ValueError, match="shifted"):
+        build_draft_tree(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 2, 3, dtype=torch.long),
+                         torch.tensor([1, 2]), torch.ones(1, 2, dtype=torch.bool), torch.zeros(1, 2, dtype=torch.long),
+                         ReAnchorConfig())
