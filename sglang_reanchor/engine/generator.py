@@ -49,6 +49,7 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     tree_sizes: list[int] = field(default_factory=list)  # verified nodes per round
+    shifted_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by shifted rows
 
     @property
     def seconds(self) -> float:
@@ -172,7 +173,7 @@ class SpeculativeGenerator:
     ) -> GenerationResult:
         t0 = time.perf_counter()
         req = self._prefill(prompt, params, rng, request_id, with_drafter=method != "target")
-        out, taus, sizes = [req.bonus], [], []
+        out, taus, sizes, shifted_hits = [req.bonus], [], [], []
         t1 = time.perf_counter()
         while not self._finished(out, max_new):
             if method == "target":
@@ -187,6 +188,8 @@ class SpeculativeGenerator:
             self._commit(req, tree, acc, verified.features)
             taus.append(int(acc.accept_lengths[0]))
             sizes.append(int(tree.num_nodes[0]))
+            path = acc.accepted_nodes[0, : taus[-1]]
+            shifted_hits.append(int((tree.source_row[0, path] > 0).sum()))
         tokens, reason = self._truncate(out, max_new)
         return GenerationResult(
             tokens=tokens,
@@ -197,6 +200,7 @@ class SpeculativeGenerator:
             prefill_seconds=t1 - t0,
             decode_seconds=time.perf_counter() - t1,
             tree_sizes=sizes,
+            shifted_accepts=shifted_hits,
         )
 
     # ---- steps --------------------------------------------------------------------
@@ -212,7 +216,7 @@ class SpeculativeGenerator:
         first = int(sample_tokens(out.logits[:, -1], params, rng)[0])
         draft_cache = DraftContextCache()
         if with_drafter:
-            draft_cache.append(self.drafter.project_context(out.features.to(self.drafter.dtype), positions.to(self.target.device)))
+            draft_cache.append(self.drafter.project_context(out.features, positions.to(self.target.device)))
         return _Request(id=request_id, cache=cache, draft_cache=draft_cache, seq_len=n, bonus=first)
 
     def _decode_one(self, req: _Request, params: SamplingParams, rng: torch.Generator) -> int:
@@ -260,7 +264,7 @@ class SpeculativeGenerator:
         path = acc.accepted_nodes[0, :t]
         self.target.keep_tokens(req.cache, s, path)
         positions = torch.arange(s, s + t, device=self.target.device)[None]
-        req.draft_cache.append(self.drafter.project_context(features[:, path].to(self.drafter.dtype), positions))
+        req.draft_cache.append(self.drafter.project_context(features[:, path], positions))
         req.seq_len, req.bonus = s + t, int(acc.bonus[0])
         if self.config.max_offset:
             nodes = acc.suffix_nodes[0, : int(acc.suffix_lengths[0])]

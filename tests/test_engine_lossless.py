@@ -1,0 +1,108 @@
+"""The invariant: at T=0 `dflash` and `reanchor` emit exactly the target's greedy tokens.
+
+Each case builds a random tiny target (Llama or Qwen3, tiny vocabulary so drafts
+are accepted often and trees go deep), writes a random z-lab-format drafter to
+disk and loads it back, and compares against Hugging Face ``generate``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from factories import tiny_drafter, tiny_target, write_zlab_drafter
+
+from sglang_reanchor import DFlashDrafter, ReAnchorConfig, SpeculativeGenerator
+
+POLICIES = ("earliest", "offset", "random", "longest_prefix")
+NUM_CASES = 48
+
+
+def make_case(case: int, tmp_path):
+    """A random (target, drafter, config, prompt, max_new, eos) case, seeded by ``case``."""
+    rng = random.Random(case)
+    family = ("llama", "qwen3")[case % 2]
+    vocab = rng.choice([4, 5, 6, 8, 12])
+    block = rng.randint(4, 16)
+    target = tiny_target(
+        family, vocab_size=vocab, hidden_size=16, num_layers=rng.choice([2, 3]), num_heads=2, num_kv_heads=1,
+        seed=case, attn_implementation=rng.choice(["sdpa", "eager"]),
+    )
+    use_eos = rng.random() < 0.3
+    if not use_eos:  # most cases run to max_new_tokens so trees keep coming
+        target.generation_config.eos_token_id = None
+        target.config.eos_token_id = None
+    layers = target.config.num_hidden_layers
+    drafter = tiny_drafter(
+        target, block_size=block, num_layers=rng.choice([1, 2]), seed=1000 + case,
+        target_layer_ids=sorted(rng.sample(range(layers), rng.randint(1, layers))),
+    )
+    drafter = DFlashDrafter.from_pretrained(write_zlab_drafter(drafter, tmp_path / "drafter"), dtype=torch.float64)
+    config = ReAnchorConfig(
+        offsets=tuple(sorted(rng.sample(range(1, block), rng.randint(1, min(4, block - 1))))),
+        policy=POLICIES[(case // 2) % len(POLICIES)],
+        root_site=rng.random() < 0.5,
+        fallback=rng.choice(["skip", "offset"]),
+        node_budget=rng.choice([block, block + 3, 2 * block, 4 * block, 200]),
+        region=rng.choice(["all", "all", "in_block", "beyond"]),
+        seed=case,
+    )
+    gen = torch.Generator().manual_seed(case)
+    prompt = torch.randint(0, vocab, (1, rng.randint(1, 10)), generator=gen)
+    return target, drafter, config, prompt, rng.choice([1, 7, 33, 48])
+
+
+def hf_greedy(target, prompt, max_new):
+    out = target.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new, do_sample=False,
+        pad_token_id=target.config.pad_token_id,
+    )
+    return out[0, prompt.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("case", range(NUM_CASES))
+def test_speculative_tokens_equal_hf_greedy(case, tmp_path):
+    target, drafter, config, prompt, max_new = make_case(case, tmp_path)
+    expected = hf_greedy(target, prompt, max_new)
+    gen = SpeculativeGenerator(target, drafter, config)
+    for method in ("target", "dflash", "reanchor"):
+        result = gen.generate(prompt, max_new, method=method)
+        assert result.tokens == expected, (method, config)
+        assert len(result.tokens) <= max_new
+        if method != "target":
+            assert sum(result.acceptance_lengths) >= len(result.tokens) - 1  # the first token comes from prefill
+            assert all(1 <= t <= 2 * drafter.block_size for t in result.acceptance_lengths)
+            assert all(n <= max(config.node_budget, drafter.block_size) for n in result.tree_sizes)
+    assert len(gen.suffixes) == 0  # every request's state is released
+
+
+def test_cases_exercise_deep_trees_and_shifted_rows(tmp_path):
+    """The lossless cases above are not vacuous: rounds accept several drafts, some via shifted rows."""
+    deep = shifted = rounds = 0
+    for case in range(NUM_CASES):
+        target, drafter, config, prompt, max_new = make_case(case, tmp_path)
+        result = SpeculativeGenerator(target, drafter, config).generate(prompt, max_new, method="reanchor")
+        rounds += len(result.acceptance_lengths)
+        deep += sum(t >= 4 for t in result.acceptance_lengths)
+        shifted += sum(result.shifted_accepts)
+    assert rounds > 300 and deep >= 20 and shifted >= 5, (rounds, deep, shifted)
+
+
+def test_eos_stops_generation():
+    """Output ends at the first EOS exactly like HF generate, whichever round it falls in."""
+    for seed in range(10):
+        target = tiny_target("qwen3", vocab_size=6, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1, seed=seed)
+        drafter = tiny_drafter(target, block_size=6, seed=seed)
+        prompt = torch.tensor([[1, 3, 0, 3, 5]])
+        target.generation_config.eos_token_id = target.config.eos_token_id = None
+        free_run = hf_greedy(target, prompt, 30)
+        eos = free_run[seed % 8]  # a token the target does emit
+        target.generation_config.eos_token_id = target.config.eos_token_id = eos
+        expected = hf_greedy(target, prompt, 30)
+        assert expected[-1] == eos and len(expected) <= seed % 8 + 1
+        gen = SpeculativeGenerator(target, drafter, ReAnchorConfig())
+        for method in ("target", "dflash", "reanchor"):
+            result = gen.generate(prompt, 30, method=method)
+            assert result.tokens == expected, method
+            assert result.finish_reason == "eos"
