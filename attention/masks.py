@@ -1,0 +1,373 @@
+"""Tree attention masks: ancestor closure, SGLang's three layouts, the ReAnchor drafter mask.
+
+Everything here is pure torch and vectorised: the ancestor closure uses pointer
+jumping (``ceil(log2(depth + 1))`` gather steps over the whole batch at once), and
+the only Python loops run over the requests of a batch. Conventions (True = attend,
+``parents`` as a 1-D LongTensor with ``parents[0] == -1`` and ``parents[i] < i``) are
+stated with a drawn example in the package docstring (:mod:`attention`).
+
+SGLang's layouts (``TreeMaskMode`` in ``sglang/kernels/ops/speculative/spec_tree.py``,
+``sglang/srt/speculative/eagle_utils.py``):
+
+* FULL_MASK (0): per request ``N x (prefix_len + N)`` bools, row-major, requests
+  concatenated: :func:`sglang_full_mask`.
+* QLEN_ONLY (1): per request ``N x N`` bools (prefix implied), concatenated:
+  :func:`sglang_qlen_only_mask`.
+* QLEN_ONLY_BITPACKING (2): one unsigned word per row: :func:`sglang_qlen_only_bitpacked`
+  (bit order in :func:`attention.packing.pack_rows_to_words`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attention.packing import pack_rows_to_words
+
+__all__ = [
+    "ancestor_mask",
+    "batched_ancestor_mask",
+    "check_parents",
+    "drafter_multi_anchor_mask",
+    "sglang_full_mask",
+    "sglang_qlen_only_bitpacked",
+    "sglang_qlen_only_mask",
+    "tree_depths",
+]
+
+
+# ----------------------------------------------------------------------------
+# Validation and the shared pointer-jumping core
+# ----------------------------------------------------------------------------
+
+
+def check_parents(parents: Tensor, name: str = "parents") -> None:
+    """Raise ``ValueError`` unless ``parents`` is a valid draft tree.
+
+    Parameters
+    ----------
+    parents : Tensor
+        ``[N]`` int64, ``N >= 1``; ``parents[0] == -1`` and ``0 <= parents[i] < i`` for
+        ``i >= 1``.
+    name : str
+        Argument name used in the error message.
+    """
+    if not isinstance(parents, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(parents).__name__}")
+    if parents.dtype != torch.int64 or parents.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int64 tensor, got {parents.dtype} {tuple(parents.shape)}")
+    if parents.numel() == 0:
+        raise ValueError(f"{name} must hold at least the root node")
+    idx = torch.arange(parents.numel(), device=parents.device)
+    ok_root = bool(parents[0] == -1)
+    ok_rest = bool(((parents[1:] >= 0) & (parents[1:] < idx[1:])).all())
+    if not (ok_root and ok_rest):
+        raise ValueError(f"{name} must satisfy parents[0] == -1 and 0 <= parents[i] < i for i >= 1")
+
+
+def _flatten_forest(parents: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Concatenate per-request trees into one forest with global node ids.
+
+    Returns ``flat_parents`` ``[T]`` int64 (roots stay -1, others shifted by the
+    request's node offset) and ``node_indptr`` ``[bs + 1]`` int64.
+    """
+    if len(parents) == 0:
+        raise ValueError("parents must hold at least one tree")
+    for b, p in enumerate(parents):
+        check_parents(p, name=f"parents[{b}]")
+    device = parents[0].device
+    if any(p.device != device for p in parents):
+        raise ValueError("all parents tensors must be on one device")
+    sizes = torch.tensor([p.numel() for p in parents], dtype=torch.int64, device=device)
+    node_indptr = torch.zeros(len(parents) + 1, dtype=torch.int64, device=device)
+    node_indptr[1:] = torch.cumsum(sizes, 0)
+    offsets = torch.repeat_interleave(node_indptr[:-1], sizes)  # [T]
+    flat = torch.cat(list(parents))
+    flat_parents = torch.where(flat >= 0, flat + offsets, flat)
+    return flat_parents, node_indptr
+
+
+def _ancestor_paths(flat_parents: Tensor) -> Tensor:
+    """Pointer jumping: ``paths[t, m]`` = the m-th ancestor of node t (m = 0 is t), or -1.
+
+    ``flat_parents`` is ``[T]`` int64 of a forest whose parents precede their children.
+    Returns ``[T, D]`` int64 with ``D`` a power of two ``> max depth``. Step k doubles
+    the known path length L: ``paths[t, L + m] = paths[anc_L(t), m]``.
+    """
+    num_nodes = flat_parents.numel()
+    paths = torch.arange(num_nodes, device=flat_parents.device).unsqueeze(1)  # [T, 1]
+    anc = flat_parents  # anc[t] = L-th ancestor of t, L = paths.shape[1]
+    while bool((anc >= 0).any()):
+        has = anc >= 0
+        safe = anc.clamp(min=0)
+        ext = torch.where(has.unsqueeze(1), paths[safe], -1)  # [T, L]: (L + m)-th ancestors
+        paths = torch.cat([paths, ext], dim=1)  # [T, 2L]
+        anc = torch.where(has, anc[safe], -1)  # 2L-th ancestor
+    return paths
+
+
+def _forest_ancestor_blocks(parents: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Ancestor closure of a batch, padded.
+
+    Returns ``mask`` ``[bs, n_max, n_max]`` bool (padding False), ``num_nodes`` ``[bs]``
+    int64, and ``depth`` ``[T]`` int64 (flat over the batch, root depth 0).
+    """
+    flat_parents, node_indptr = _flatten_forest(parents)
+    paths = _ancestor_paths(flat_parents)  # [T, D] global ids
+    num_nodes = node_indptr[1:] - node_indptr[:-1]
+    bs, n_max = num_nodes.numel(), int(num_nodes.max())
+    req = torch.repeat_interleave(torch.arange(bs, device=paths.device), num_nodes)  # [T]
+    local_row = torch.arange(paths.shape[0], device=paths.device) - node_indptr[req]  # [T]
+    valid = paths >= 0
+    depth = valid.sum(dim=1) - 1
+    rows = local_row.unsqueeze(1).expand_as(paths)[valid]
+    reqs = req.unsqueeze(1).expand_as(paths)[valid]
+    cols = paths[valid] - node_indptr[reqs]
+    mask = torch.zeros(bs, n_max, n_max, dtype=torch.bool, device=paths.device)
+    mask[reqs, rows, cols] = True
+    return mask, num_nodes, depth
+
+
+# ----------------------------------------------------------------------------
+# Ancestor closure
+# ----------------------------------------------------------------------------
+
+
+def ancestor_mask(parents: Tensor) -> Tensor:
+    """Ancestor-or-self mask of one draft tree.
+
+    Parameters
+    ----------
+    parents : Tensor
+        ``[N]`` int64; ``parents[0] == -1``, ``0 <= parents[i] < i``.
+
+    Returns
+    -------
+    Tensor
+        ``[N, N]`` bool; ``out[i, j]`` is True iff node j is node i or an ancestor of i.
+
+    Examples
+    --------
+    >>> ancestor_mask(torch.tensor([-1, 0, 0, 1])).int()
+    tensor([[1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [1, 0, 1, 0],
+            [1, 1, 0, 1]], dtype=torch.int32)
+    """
+    mask, _, _ = _forest_ancestor_blocks([parents])
+    return mask[0]
+
+
+def batched_ancestor_mask(parents: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Ancestor-or-self masks of a batch of trees, zero padded to the largest tree.
+
+    Parameters
+    ----------
+    parents : sequence of Tensor
+        ``bs`` trees, each ``[N_b]`` int64 (conventions of :func:`ancestor_mask`).
+
+    Returns
+    -------
+    mask : Tensor
+        ``[bs, n_max, n_max]`` bool, ``n_max = max_b N_b``; rows and columns past
+        ``N_b`` are False.
+    num_nodes : Tensor
+        ``[bs]`` int64, ``N_b``.
+    """
+    mask, num_nodes, _ = _forest_ancestor_blocks(parents)
+    return mask, num_nodes
+
+
+def tree_depths(parents: Sequence[Tensor]) -> Tensor:
+    """Depth of every node of a batch (root 0), flat over the batch.
+
+    Parameters
+    ----------
+    parents : sequence of Tensor
+        ``bs`` trees, each ``[N_b]`` int64.
+
+    Returns
+    -------
+    Tensor
+        ``[sum_b N_b]`` int64. Verify positions are ``prefix_len[b] + depth``.
+
+    Examples
+    --------
+    >>> tree_depths([torch.tensor([-1, 0, 0, 1]), torch.tensor([-1])])
+    tensor([0, 1, 1, 2, 0])
+    """
+    _, _, depth = _forest_ancestor_blocks(parents)
+    return depth
+
+
+# ----------------------------------------------------------------------------
+# SGLang layouts
+# ----------------------------------------------------------------------------
+
+
+def _as_prefix_lens(prefix_lens: Sequence[int] | Tensor, bs: int) -> list[int]:
+    if isinstance(prefix_lens, Tensor):
+        if prefix_lens.dim() != 1 or prefix_lens.dtype.is_floating_point or prefix_lens.dtype == torch.bool:
+            raise ValueError(f"prefix_lens must be a 1-D integer tensor, got {prefix_lens.dtype}")
+        lens = [int(x) for x in prefix_lens.tolist()]
+    else:
+        lens = [int(x) for x in prefix_lens]
+    if len(lens) != bs:
+        raise ValueError(f"prefix_lens has {len(lens)} entries, parents has {bs} trees")
+    if any(x < 0 for x in lens):
+        raise ValueError("prefix_lens must be >= 0")
+    return lens
+
+
+def sglang_full_mask(parents: Sequence[Tensor], prefix_lens: Sequence[int] | Tensor) -> Tensor:
+    """SGLang ``TreeMaskMode.FULL_MASK``: ``[prefix ones | ancestor block]`` rows, flat.
+
+    Parameters
+    ----------
+    parents : sequence of Tensor
+        ``bs`` trees, each ``[N_b]`` int64.
+    prefix_lens : sequence of int or Tensor
+        ``[bs]``, committed prefix length ``P_b`` (the KV entries before the tree).
+
+    Returns
+    -------
+    Tensor
+        ``[sum_b N_b * (P_b + N_b)]`` bool on the device of ``parents``. Request b's
+        block starts at ``sum_{c<b} N_c * (P_c + N_c)`` and is the row-major
+        ``[N_b, P_b + N_b]`` matrix whose row i is ``P_b`` Trues then row i of
+        :func:`ancestor_mask`. This is also FlashInfer's flat ``custom_mask`` for KV
+        ``[prefix slots | tree slots]``.
+
+    Examples
+    --------
+    >>> sglang_full_mask([torch.tensor([-1, 0, 0, 1])], [2]).view(4, 6).int()
+    tensor([[1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 0, 1, 0],
+            [1, 1, 1, 1, 0, 1]], dtype=torch.int32)
+    """
+    blocks, num_nodes = batched_ancestor_mask(parents)
+    lens = _as_prefix_lens(prefix_lens, len(parents))
+    pieces = []
+    for b, (n, p) in enumerate(zip(num_nodes.tolist(), lens, strict=True)):
+        rows = torch.ones(n, p + n, dtype=torch.bool, device=blocks.device)
+        rows[:, p:] = blocks[b, :n, :n]
+        pieces.append(rows.flatten())
+    return torch.cat(pieces)
+
+
+def sglang_qlen_only_mask(parents: Sequence[Tensor]) -> Tensor:
+    """SGLang ``TreeMaskMode.QLEN_ONLY``: the ``N_b x N_b`` ancestor blocks, flat.
+
+    Parameters
+    ----------
+    parents : sequence of Tensor
+        ``bs`` trees, each ``[N_b]`` int64. SGLang uses one N for the whole batch;
+        trees of different sizes are laid out back to back all the same.
+
+    Returns
+    -------
+    Tensor
+        ``[sum_b N_b * N_b]`` bool; the prefix (all True) is implied.
+    """
+    blocks, num_nodes = batched_ancestor_mask(parents)
+    return torch.cat([blocks[b, :n, :n].flatten() for b, n in enumerate(num_nodes.tolist())])
+
+
+def sglang_qlen_only_bitpacked(parents: Sequence[Tensor]) -> Tensor:
+    """SGLang ``TreeMaskMode.QLEN_ONLY_BITPACKING``: one packed word per tree row.
+
+    Parameters
+    ----------
+    parents : sequence of Tensor
+        ``bs`` trees, each ``[N_b]`` int64, ``N_b <= 32``.
+
+    Returns
+    -------
+    Tensor
+        ``[sum_b N_b]`` with dtype uint8 if ``max N_b <= 8``, uint16 if ``<= 16``,
+        uint32 if ``<= 32`` (SGLang sizes the word by ``num_draft_tokens`` the same way).
+        Bit j (value ``1 << j``) of row i's word is column j of the ancestor mask:
+        node 0 is the least significant bit; stored little-endian, so byte ``j // 8``
+        of the word holds node j at bit ``j % 8``.
+
+    Examples
+    --------
+    >>> sglang_qlen_only_bitpacked([torch.tensor([-1, 0, 0, 1])])
+    tensor([ 1,  3,  5, 11], dtype=torch.uint8)
+    """
+    blocks, num_nodes = batched_ancestor_mask(parents)
+    rows = torch.cat([blocks[b, :n, :] for b, n in enumerate(num_nodes.tolist())])  # [T, n_max]
+    return pack_rows_to_words(rows)
+
+
+# ----------------------------------------------------------------------------
+# ReAnchor drafter mask
+# ----------------------------------------------------------------------------
+
+
+def drafter_multi_anchor_mask(context_len: int, extra_len: int, extra_visible: Tensor, block_size: int) -> Tensor:
+    """Draft-model mask for drafting R blocks at once from different anchors (ReAnchor).
+
+    Key layout ``[context (C) | extra context (E) | block_0 | ... | block_{R-1}]``;
+    query rows are the R blocks of ``block_size`` (B) tokens. Visibility rules:
+
+    1. every row sees all C shared context keys;
+    2. rows of block r see the first ``extra_visible[r]`` of the E extra keys (the
+       rejected-suffix context that block r's anchor sits after);
+    3. rows of block r see every key of block r (bidirectional, as in DFlash);
+    4. rows never see another block.
+
+    Example: C = 2, E = 3, extra_visible = [0, 2], B = 2 (1 = attend)::
+
+                    ctx   extra    blk0  blk1
+                    c c   e e e    . .   . .
+        blk0 row0 [ 1 1 | 0 0 0 |  1 1 | 0 0 ]
+        blk0 row1 [ 1 1 | 0 0 0 |  1 1 | 0 0 ]
+        blk1 row0 [ 1 1 | 1 1 0 |  0 0 | 1 1 ]
+        blk1 row1 [ 1 1 | 1 1 0 |  0 0 | 1 1 ]
+
+    Parameters
+    ----------
+    context_len : int
+        C >= 0.
+    extra_len : int
+        E >= 0.
+    extra_visible : Tensor
+        ``[R]`` int64, ``0 <= extra_visible[r] <= E``; its device is the output's.
+    block_size : int
+        B >= 1.
+
+    Returns
+    -------
+    Tensor
+        ``[R * B, C + E + R * B]`` bool, True = attend.
+
+    Examples
+    --------
+    >>> drafter_multi_anchor_mask(2, 3, torch.tensor([0, 2]), 2).int()
+    tensor([[1, 1, 0, 0, 0, 1, 1, 0, 0],
+            [1, 1, 0, 0, 0, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 1, 1],
+            [1, 1, 1, 1, 0, 0, 0, 1, 1]], dtype=torch.int32)
+    """
+    if context_len < 0:
+        raise ValueError(f"context_len must be >= 0, got {context_len}")
+    if extra_len < 0:
+        raise ValueError(f"extra_len must be >= 0, got {extra_len}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if not isinstance(extra_visible, Tensor) or extra_visible.dim() != 1 or extra_visible.dtype != torch.int64:
+        raise ValueError("extra_visible must be a 1-D int64 tensor of shape [R]")
+    if extra_visible.numel() and not bool(((extra_visible >= 0) & (extra_visible <= extra_len)).all()):
+        raise ValueError(f"extra_visible must lie in [0, extra_len={extra_len}]")
+    device = extra_visible.device
+    num_blocks = extra_visible.numel()
+    row_block = torch.arange(num_blocks * block_size, device=device) // block_size  # [R*B]
+    ctx = torch.ones(row_block.numel(), context_len, dtype=torch.bool, device=device)
+    extra = torch.arange(extra_len, device=device).unsqueeze(0) < extra_visible[row_block].unsqueeze(1)
+    col_block = torch.arange(num_blocks * block_size, device=device) // block_size  # [R*B]
+    own = row_block.unsqueeze(1) == col_block.unsqueeze(0)
+    return torch.cat([ctx, extra, own], dim=1)
