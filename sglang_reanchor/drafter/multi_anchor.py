@@ -1,0 +1,151 @@
+"""Multi-anchor drafting: R DFlash blocks in one drafter forward (ReAnchor's draft step).
+
+Block ``r`` of batch row ``b`` is ``[anchors[b, r], MASK x (B-1)]`` at positions
+``anchor_positions[b, r] + 0..B-1``. It sees
+
+1. all committed context in the `DraftContextCache` (positions ``0..C-1``, K/V shared
+   by every block, computed once per committed row),
+2. the first ``extra_visible[b, r]`` rows of per-call extra context (row ``i`` at
+   position ``C + i``; ReAnchor: the rejected suffix's verifier features),
+3. its own block, bidirectionally; never another block.
+
+That is exactly R independent plain DFlash forwards (z-lab ``DFlashDraftModel``), each
+with its own context, packed into one call. Row 0 of ReAnchor (``extra_visible = 0``,
+anchor = bonus token at position ``C``) is plain DFlash.
+
+All batch rows of one call share the committed context length ``C``: the reference
+engine drafts one request at a time (its rows are one request's anchors); SGLang
+batches requests through its own paged KV pool instead of this module.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .context import DraftContextCache
+from .model import DFlashDrafter
+
+__all__ = ["draft_blocks", "draft_hidden", "multi_anchor_mask"]
+
+
+def multi_anchor_mask(context_length: int, extra_visible: Tensor, num_extra: int,
+                      block_size: int) -> Tensor:
+    """Attention mask for `draft_hidden` (True = attend).
+
+    Parameters
+    ----------
+    context_length : int
+        ``C``, committed context positions (all visible to every block).
+    extra_visible : Tensor
+        ``[bs, R]`` long, how many of the ``X`` extra rows block ``r`` sees (a prefix).
+    num_extra : int
+        ``X``, extra context rows.
+    block_size : int
+        ``B``.
+
+    Returns
+    -------
+    Tensor
+        ``[bs, R*B, C+X+R*B]`` bool; queries are block-major (block r, slot j at
+        ``r*B + j``); keys are ``[committed C | extra X | block 0 | ... | block R-1]``.
+
+    Examples
+    --------
+    C=1, X=2, B=2, two blocks seeing 0 and 2 extra rows::
+
+    >>> m = multi_anchor_mask(1, torch.tensor([[0, 2]]), 2, 2)
+    >>> print(m[0].int())
+    tensor([[1, 0, 0, 1, 1, 0, 0],
+            [1, 0, 0, 1, 1, 0, 0],
+            [1, 1, 1, 0, 0, 1, 1],
+            [1, 1, 1, 0, 0, 1, 1]], dtype=torch.int32)
+    """
+    bs, num_blocks = extra_visible.shape
+    dev = extra_visible.device
+    q_block = torch.arange(num_blocks * block_size, device=dev) // block_size  # [R*B]
+    committed = torch.ones(bs, num_blocks * block_size, context_length, dtype=torch.bool, device=dev)
+    visible = extra_visible[:, q_block]  # [bs, R*B]
+    extra = torch.arange(num_extra, device=dev) < visible[:, :, None]  # [bs, R*B, X]
+    own = (q_block[:, None] == q_block[None, :]).expand(bs, -1, -1)  # [bs, R*B, R*B]
+    return torch.cat([committed, extra, own], dim=-1)
+
+
+def draft_hidden(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tensor,
+                 anchor_positions: Tensor, extra_features: Tensor | None, extra_visible: Tensor,
+                 embed_tokens: nn.Module) -> Tensor:
+    """Drafter hidden states of R blocks in one forward (see the module docstring).
+
+    Parameters
+    ----------
+    drafter : DFlashDrafter
+    cache : DraftContextCache
+        Committed context K/V (positions ``0..C-1``), batch 1 or ``bs``.
+    anchors : Tensor
+        ``[bs, R]`` long, block anchor tokens.
+    anchor_positions : Tensor
+        ``[bs, R]`` long, absolute position of each anchor.
+    extra_features : Tensor or None
+        ``[bs, X, K*H]`` target features of the extra context rows (positions
+        ``C..C+X-1``); None means ``X = 0``.
+    extra_visible : Tensor
+        ``[bs, R]`` long in ``[0, X]``: block r sees extra rows ``0..extra_visible-1``.
+    embed_tokens : nn.Module
+        The target's input embedding (``ids [..] -> [.., H]``).
+
+    Returns
+    -------
+    Tensor
+        ``[bs, R, B, H]`` hidden states after the drafter's final norm.
+    """
+    if anchors.dtype != torch.long or anchors.dim() != 2:
+        raise ValueError(f"anchors must be long [bs, R], got {anchors.dtype} {tuple(anchors.shape)}")
+    bs, num_blocks = anchors.shape
+    for name, t in (("anchor_positions", anchor_positions), ("extra_visible", extra_visible)):
+        if t.shape != anchors.shape or t.dtype != torch.long:
+            raise ValueError(f"{name} must be long [bs, R] = {(bs, num_blocks)}, "
+                             f"got {t.dtype} {tuple(t.shape)}")
+    num_extra = 0 if extra_features is None else extra_features.shape[1]
+    if extra_features is not None and extra_features.shape[0] != bs:
+        raise ValueError(f"extra_features must be [bs={bs}, X, K*H], got {tuple(extra_features.shape)}")
+    if bool((extra_visible < 0).any() or (extra_visible > num_extra).any()):
+        raise ValueError(f"extra_visible must be in [0, X={num_extra}], got {extra_visible.tolist()}")
+    block, c_len = drafter.block_size, cache.length
+
+    # queries: [anchor, MASK x (B-1)] per block, block-major
+    ids = torch.full((bs, num_blocks, block), drafter.mask_token_id, dtype=torch.long,
+                     device=anchors.device)
+    ids[:, :, 0] = anchors
+    offsets = torch.arange(block, device=anchors.device)
+    positions = (anchor_positions[:, :, None] + offsets).reshape(bs, num_blocks * block)
+    embeds = embed_tokens(ids.reshape(bs, num_blocks * block))
+
+    context = cache.kv
+    if num_extra:
+        assert extra_features is not None
+        extra_pos = (c_len + torch.arange(num_extra, device=anchors.device)).expand(bs, -1)
+        extra = drafter.project_context(extra_features, extra_pos)
+        context = extra if context is None else context.cat(extra)
+    mask = multi_anchor_mask(c_len, extra_visible, num_extra, block)
+    hidden = drafter(embeds, positions, context, mask)  # [bs, R*B, H]
+    return hidden.view(bs, num_blocks, block, -1)
+
+
+def draft_blocks(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tensor,
+                 anchor_positions: Tensor, extra_features: Tensor | None, extra_visible: Tensor,
+                 embed_tokens: nn.Module, lm_head: nn.Module) -> Tensor:
+    """Greedy drafts of R blocks in one drafter forward.
+
+    Arguments as `draft_hidden`, plus ``lm_head``: the target's output head
+    (``[.., H] -> [.., V]``).
+
+    Returns
+    -------
+    Tensor
+        ``[bs, R, B]`` long: ``[:, r, 0]`` is the anchor, ``[:, r, 1:]`` the greedy
+        (argmax) drafts for positions ``anchor_positions[:, r] + 1 .. + B-1``.
+    """
+    hidden = draft_hidden(drafter, cache, anchors, anchor_positions, extra_features,
+                          extra_visible, embed_tokens)
+    drafts = lm_head(hidden[:, :, 1:]).argmax(dim=-1)  # [bs, R, B-1]
+    return torch.cat([anchors[:, :, None], drafts], dim=-1)

@@ -1,0 +1,98 @@
+"""Tiny random models for tests (a helper module, not a test file).
+
+``tiny_target`` builds a random HF causal LM of the Llama or Qwen3 family;
+``tiny_drafter`` a random DFlash drafter that fits it. Both are seeded, in eval mode,
+float64 by default so oracle comparisons can use tight tolerances.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
+
+from sglang_reanchor.drafter import DFlashConfig, DFlashDrafter
+
+__all__ = ["tiny_drafter", "tiny_target", "write_zlab_drafter"]
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+
+def tiny_target(
+    family: Literal["llama", "qwen3"],
+    *,
+    vocab_size: int = 32,
+    hidden_size: int = 32,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    attn_implementation: str = "sdpa",
+    tie_word_embeddings: bool | None = None,
+) -> PreTrainedModel:
+    """A random ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` in eval mode.
+
+    Token ids: pad 0, bos 1, eos 2. Embeddings are untied for "llama" (as
+    Llama-3.1-8B) and tied for "qwen3" (as Qwen3-4B) unless ``tie_word_embeddings``
+    says otherwise. Weights use std 0.1 (not HF's 0.02) so greedy argmaxes are not
+    near-ties.
+    """
+    common = dict(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads, max_position_embeddings=512,
+        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, initializer_range=0.1,
+        tie_word_embeddings=(family == "qwen3") if tie_word_embeddings is None else tie_word_embeddings,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if family == "llama":
+            config = LlamaConfig(**common, rms_norm_eps=1e-5)
+            model: PreTrainedModel = LlamaForCausalLM(config)
+        elif family == "qwen3":
+            config = Qwen3Config(**common, head_dim=hidden_size // num_heads, rms_norm_eps=1e-6)
+            model = Qwen3ForCausalLM(config)
+        else:
+            raise ValueError(f"family must be 'llama' or 'qwen3', got {family!r}")
+    model.config._attn_implementation = attn_implementation
+    return model.to(dtype).eval()
+
+
+def tiny_drafter(
+    target: PreTrainedModel,
+    *,
+    block_size: int = 8,
+    num_layers: int = 1,
+    seed: int = 0,
+    mask_token_id: int | None = None,
+    target_layer_ids: list[int] | None = None,
+    dtype: torch.dtype | None = None,
+) -> DFlashDrafter:
+    """A random drafter fitting ``target`` (eval mode, ``dtype`` defaults to the target's).
+
+    ``mask_token_id`` defaults to the last vocab row. Norm weights are randomised too
+    (1 + 0.1 N(0, 1)), so a misplaced norm shows up in tests.
+    """
+    cfg = target.config
+    config = DFlashConfig.for_target(
+        cfg, num_layers=num_layers, block_size=block_size, target_layer_ids=target_layer_ids,
+        mask_token_id=cfg.vocab_size - 1 if mask_token_id is None else mask_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        drafter = DFlashDrafter(config)
+        with torch.no_grad():
+            for name, p in drafter.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(0.1 * torch.randn_like(p))
+                else:
+                    p.normal_(0.0, 0.2)
+    return drafter.to(dtype or target.dtype).eval()
+
+
+def write_zlab_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
+    """Save ``drafter`` as a z-lab checkpoint folder; returns the folder."""
+    drafter.save_pretrained(path)
+    return Path(path)
