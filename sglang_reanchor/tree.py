@@ -181,6 +181,7 @@ def build_draft_tree(
     rejected_tokens: Tensor,
     config: ReAnchorConfig,
     generator: torch.Generator | None = None,
+    sites: Tensor | None = None,
 ) -> DraftTree:
     """Attach shifted blocks to the baseline chain and merge them into one trie.
 
@@ -204,6 +205,10 @@ def build_draft_tree(
         Attachment policy, root site, fallback, region and node budget.
     generator:
         Source of randomness for ``policy="random"``.
+    sites:
+        ``[bs, R]`` long, optional: attach row ``r`` at exactly this depth,
+        bypassing ``config.policy`` (-1 = skip). For analysis, e.g. verifying one
+        row at several sites (the paper's Table 8).
 
     Returns
     -------
@@ -218,7 +223,11 @@ def build_draft_tree(
             f"got {tuple(shifted.shape)}, {tuple(offsets.shape)}, {tuple(row_valid.shape)}"
         )
     dev = baseline.device
-    sites, attached = _attach_sites(baseline, shifted, offsets, row_valid, rejected_tokens, config, generator)
+    if sites is None:
+        sites, attached = _attach_sites(baseline, shifted, offsets, row_valid, rejected_tokens, config, generator)
+    else:
+        attached = row_valid & (sites >= 0) & (sites <= block) & ((sites > 0) | (shifted[:, :, 0] == baseline[:, :1]))
+        sites = sites.clamp(min=0)
 
     # Each candidate node is named by its full token path from the root, padded with -1.
     # Candidates: the B baseline prefixes, then for each row r and k < B the path

@@ -254,3 +254,21 @@ def test_chain_and_from_lists():
         build_draft_tree(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 2, 3, dtype=torch.long),
                          torch.tensor([1, 2]), torch.ones(1, 2, dtype=torch.bool), torch.zeros(1, 2, dtype=torch.long),
                          ReAnchorConfig())
+
+
+def test_explicit_sites_override_the_policy():
+    baseline = [[9, 1, 2, 1, 2]]
+    shifted = [[[1, 5, 6, 7, 8], [1, 5, 6, 7, 8]]]
+    cfg = ReAnchorConfig(offsets=(1, 2), node_budget=64)
+    tree = build_draft_tree(
+        torch.tensor(baseline), torch.tensor(shifted), torch.tensor([1, 2]), torch.ones(1, 2, dtype=torch.bool),
+        torch.zeros(1, 3, dtype=torch.long), cfg, sites=torch.tensor([[1, 3]]),
+    )
+    assert tree.row_sites.tolist() == [[1, 3]]
+    # the same row hangs below depth 0 (merged into g1) and below depth 2 (merged into g3)
+    assert tree_lists(tree)[0] == [9, 1, 2, 1, 2, 5, 6, 7, 8, 5, 6, 7, 8]
+    skipped = build_draft_tree(
+        torch.tensor(baseline), torch.tensor(shifted), torch.tensor([1, 2]), torch.ones(1, 2, dtype=torch.bool),
+        torch.zeros(1, 3, dtype=torch.long), cfg, sites=torch.tensor([[-1, 0]]),  # 0: anchor 1 != root 9
+    )
+    assert skipped.row_sites.tolist() == [[-1, -1]] and int(skipped.num_nodes[0]) == 5
