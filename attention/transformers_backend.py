@@ -60,7 +60,7 @@ def tree_attention_forward(
         mask = attention_mask[..., :kv_len]
         allowed = mask if mask.dtype == torch.bool else mask == 0
         allowed = allowed.expand(bs, 1, q_len, kv_len)[:, 0]
-    step = lambda n: torch.arange(bs + 1, device=dev, dtype=torch.int32) * n  # noqa: E731
+    step = lambda n: torch.arange(bs + 1, device=dev, dtype=torch.int32) * n
     out = tree_attention(
         query.transpose(1, 2).reshape(bs * q_len, num_heads, head_dim),
         key.transpose(1, 2).reshape(bs * kv_len, num_kv_heads, head_dim),

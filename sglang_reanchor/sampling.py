@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["SamplingParams", "target_probs", "sample_tokens"]
+__all__ = ["SamplingParams", "sample_tokens", "target_probs"]
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,8 @@ def verify_tree(
 
 def accept_tree(tree: DraftTree, next_tokens: Tensor, top1: Tensor) -> Acceptance:
     """Accept given the target's pick at every node (``next_tokens``, ``top1``: ``[bs, N]`` long)."""
-    bs, n = tree.tokens.shape
+    bs = tree.batch_size
     dev = tree.tokens.device
-    idx = torch.arange(n, device=dev)
     valid = tree.valid
     anc = tree.ancestor_mask()  # [bs, N, N]
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from sglang_reanchor.config import ReAnchorConfig
 from sglang_reanchor.tree import DraftTree, build_draft_tree
 
-
 # ---- oracle ------------------------------------------------------------------------
 
 

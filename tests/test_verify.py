@@ -108,7 +108,6 @@ def test_sampling_acceptance_reproduces_target_distribution():
     torch.manual_seed(0)
     vocab = 3
     # root 0; children tokens 0 and 1 (nodes 1, 2); node 1 has child token 2 (node 3)
-    tree = DraftTree.from_lists([[0, 0, 1, 2]], [[-1, 0, 0, 1]])
     logits = torch.randn(1, 4, vocab)
     params = SamplingParams(temperature=0.8)
     probs = target_probs(logits, params)[0]  # [N, V]
