@@ -1,0 +1,12 @@
+"""SGLang integration: ``--speculative-algorithm REANCHOR`` (see docs/sglang.md).
+
+- `settings`: the `ReAnchorConfig` of a server (``$SGLANG_REANCHOR_CONFIG``) and the
+  token widths SGLang reserves for it (no SGLang import).
+- `layout`: one step's tensors in SGLang's layouts: the multi-anchor draft window,
+  the tree verify inputs (FULL_MASK, positions, ``retrieve_*``), the accepted
+  path's KV moves and commit layout (pure torch, no SGLang import).
+- `suffix_slots`: rejected suffixes held per request slot (``req_pool_idx``).
+- `plugin`: the ``sglang.srt.plugins`` entry point; `spec`: the algorithm's
+  capabilities and server arguments; `worker`: ``ReAnchorWorker`` (these import
+  SGLang and are loaded by it).
+"""

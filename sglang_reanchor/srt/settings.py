@@ -1,0 +1,109 @@
+"""ReAnchor's serving settings: where they come from and what SGLang must reserve for them.
+
+SGLang's command line has no field for an algorithm plugin's own settings, so the
+`ReAnchorConfig` of a server is read from the environment of the process that
+launches it (spawned scheduler processes inherit it)::
+
+    SGLANG_REANCHOR_CONFIG='{"offsets": [1, 2], "node_budget": 32}' \\
+        python -m sglang.launch_server --speculative-algorithm REANCHOR ...
+    SGLANG_REANCHOR_CONFIG=/path/to/reanchor.json python -m sglang.launch_server ...
+
+The value is a JSON object, or the path of a file holding one. Keys are the fields
+of `ReAnchorConfig`; unset keys keep its defaults. An unknown key or a bad value
+raises `ValueError` naming the field.
+
+Nothing here imports SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ..config import ReAnchorConfig
+
+__all__ = ["ENV_VAR", "ServingWidths", "load_config", "parse_config", "serving_widths"]
+
+ENV_VAR = "SGLANG_REANCHOR_CONFIG"
+
+
+def parse_config(text: str) -> ReAnchorConfig:
+    """A `ReAnchorConfig` from a JSON object (a string), or from the JSON file it names.
+
+    >>> parse_config('{"offsets": [2, 1], "node_budget": 32}').offsets
+    (1, 2)
+    >>> parse_config('{"ofsets": [1]}')
+    Traceback (most recent call last):
+    ...
+    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, max_requests, seed
+    """
+    source = text.strip()
+    if not source.startswith("{"):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{ENV_VAR}: {source!r} is neither a JSON object nor an existing file")
+        source = path.read_text()
+    try:
+        raw = json.loads(source)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{ENV_VAR}: invalid JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{ENV_VAR}: expected a JSON object, got {type(raw).__name__}")
+    names = [f.name for f in fields(ReAnchorConfig)]
+    for key in raw:
+        if key not in names:
+            raise ValueError(f"{ENV_VAR}: unknown field {key!r}; fields are {', '.join(names)}")
+    if isinstance(raw.get("offsets"), list):
+        raw["offsets"] = tuple(raw["offsets"])
+    return ReAnchorConfig(**raw)
+
+
+def load_config(environ: dict[str, str] | None = None) -> ReAnchorConfig:
+    """The config in ``$SGLANG_REANCHOR_CONFIG`` (defaults when unset or empty)."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    return parse_config(value) if value.strip() else ReAnchorConfig()
+
+
+@dataclass(frozen=True)
+class ServingWidths:
+    """Per-request token counts of one ReAnchor step inside SGLang.
+
+    ``draft_queries`` query tokens run through the drafter (``1 + R`` blocks of
+    ``B``) after ``extra_rows`` rejected-suffix context rows; ``verify_nodes`` tree
+    nodes run through the target. Both windows are written into the slots SGLang
+    reserves ahead of each request, ``2 * reserve_width`` of them
+    (``DFlashDraftInputV2.prepare_for_decode``), so ``reserve_width`` is what
+    ``--speculative-num-draft-tokens`` is set to.
+    """
+
+    block_size: int  # B
+    num_rows: int  # 1 + R: the baseline block and one per offset
+    extra_rows: int  # X = max(offsets)
+    draft_queries: int  # (1 + R) * B
+    verify_nodes: int  # node budget N (upper bound of the tree width)
+    reserve_width: int  # speculative_num_draft_tokens
+
+    @property
+    def output_stride(self) -> int:
+        """Most tokens one request commits in a round: a path reaches depth ``<= 2B - 1``."""
+        return min(self.verify_nodes, 2 * self.block_size)
+
+
+def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
+    """Widths for a drafter of block size ``block_size``.
+
+    >>> w = serving_widths(ReAnchorConfig(), 16)
+    >>> w.draft_queries, w.extra_rows, w.verify_nodes, w.reserve_width
+    (64, 3, 48, 48)
+    """
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got {block_size}")
+    rows = 1 + len(config.offsets)
+    extra = config.max_offset
+    queries = rows * block_size
+    nodes = config.node_budget
+    reserve = max(nodes, math.ceil((extra + queries) / 2))
+    return ServingWidths(block_size, rows, extra, queries, nodes, reserve)

@@ -1,0 +1,311 @@
+"""`ReAnchorWorker`: SGLang's DFlash worker with ReAnchor's decode step.
+
+Imported by SGLang through the plugin (it imports SGLang at the top).
+
+Reused from ``DFlashWorkerV2`` as is: the draft model runner and its KV pool
+(sharing the target's slot indices), the target prefill with aux hidden-state
+capture and the prompt's draft KV (`forward_batch_generation`'s extend branch),
+the TP-safe greedy argmax over the target's vocab-parallel LM head, the mask
+token and embedding handling, and the prefix-valid draft KV writer.
+
+Replaced: the decode step (`_decode`), one round per call::
+
+    suffixes  gather each request's rejected suffix by req_pool_idx
+    draft     one drafter forward: baseline + shifted blocks (layout.draft_window)
+    tree      build_draft_tree (the project's core)
+    verify    one target forward over every node, FULL_MASK custom mask
+    accept    accept_tree (greedy, or a target sample per node)
+    commit    move the accepted path's target KV to the front of the window;
+              write its features into the draft KV; store the new rejected suffix
+    return    GenerationBatchResult (accepted drafts + bonus per request)
+
+The radix cache only ever sees committed tokens: SGLang inserts
+``[0, kv_committed_len)``, which advances by ``accept_lens``; rejected nodes stay
+in reserved slots past it and are overwritten next round.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+    enable_num_token_non_padded,
+)
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_utils import (
+    apply_dflash_verify_logits_adjustments,
+    parse_dflash_draft_config,
+)
+from sglang.srt.speculative.dflash_worker_v2 import (
+    DFlashWorkerV2,
+    _resolve_dflash_embedding_module,
+)
+from sglang.srt.speculative.draft_worker_common import (
+    build_block_pos_offsets,
+    make_draft_block_spec_info,
+)
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
+from sglang.srt.speculative.spec_utils import draft_tp_context
+
+from ..sampling import SamplingParams, sample_tokens
+from ..tree import DraftTree, build_draft_tree
+from ..verify import Acceptance, accept_tree
+from .layout import commit_plan, draft_window, verify_inputs
+from .settings import load_config, serving_widths
+from .suffix_slots import SlotSuffixStore
+
+__all__ = ["ReAnchorWorker"]
+
+logger = logging.getLogger(__name__)
+
+
+class ReAnchorWorker(DFlashWorkerV2):
+    """The ``REANCHOR`` speculative worker (synchronous: overlap scheduling is off)."""
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if self.selector is not None or self.lilicorr is not None or self._is_domino:
+            raise ValueError("REANCHOR drafts with plain DFlash drafters (no selector, LiLiCorr or Domino head)")
+        # DFlashWorkerV2 took speculative_num_draft_tokens (our reservation) as the
+        # block size; restore the drafter's own.
+        hf_config = self.draft_model_runner.model_config.hf_config
+        block = int(parse_dflash_draft_config(draft_hf_config=hf_config).resolve_block_size(default=16))
+        self.block_size = block
+        self.draft_model.set_block_size(block)
+        self._block_pos_offsets = build_block_pos_offsets(length=block, device=self.device)
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=block, device=self.device)
+        self.reanchor = load_config()
+        self.widths = serving_widths(self.reanchor, block)
+        self.speculative_num_draft_tokens = self.widths.reserve_width
+        fc = self.draft_model.fc
+        feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
+        self.suffixes = SlotSuffixStore(
+            num_slots=int(self.model_runner.req_to_token_pool.size) + 1,
+            max_len=self.widths.extra_rows,
+            feature_dim=feature_dim,
+            device=self.device,
+            dtype=self.model_runner.model_config.dtype,
+        )
+        self._tree_rng = torch.Generator(device="cpu").manual_seed(self.reanchor.seed)
+        self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
+        self.last_trees: list[DraftTree] = []  # the latest round's tree, for tests and debugging
+        logger.info("REANCHOR worker: %s; widths %s", self.reanchor, self.widths)
+
+    # ---- the scheduler's entry point ------------------------------------------------
+
+    def forward_batch_generation(self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
+                                 pp_proxy_tensors: Any = None) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            if batch.req_pool_indices is not None and len(batch.req_pool_indices):
+                self.suffixes.reset(batch.req_pool_indices)  # prefill: a (re)admitted request has none
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        if batch.forward_mode.is_idle() or batch.spec_info is None:
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        if batch.has_grammar or batch.return_logprob:
+            raise ValueError("REANCHOR does not support grammar-constrained or logprob requests yet")
+        result = self._decode(batch)
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        return result
+
+    # ---- one ReAnchor round -----------------------------------------------------------
+
+    def _decode(self, batch: Any) -> GenerationBatchResult:
+        bs = len(batch.seq_lens)
+        slots = batch.req_pool_indices
+        prefix = batch.seq_lens.long()
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        self.suffixes.retain_only(slots)  # finished, aborted, retracted requests left the batch
+        lengths, sfx_tokens, sfx_preds, sfx_feats = self.suffixes.gather(slots, prefix)
+
+        blocks, row_valid = self._draft(batch, prefix, lengths, sfx_preds, sfx_feats)
+        tree = build_draft_tree(
+            blocks[:, 0], blocks[:, 1:],
+            offsets=torch.tensor(self.reanchor.offsets, dtype=torch.long, device=blocks.device),
+            row_valid=row_valid, rejected_tokens=sfx_tokens, config=self.reanchor, generator=self._tree_rng,
+        )
+        self.last_trees = [tree]
+
+        # --- verify: one target forward over the tree
+        vin = verify_inputs(tree, prefix)
+        width = tree.width
+        verify_loc = req_to_token[slots[:, None], vin.columns].long()  # [bs, N]
+        translator = self.target_worker.model_runner.kv_index_translator
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
+        plan = translator.plan(req_pool_indices=slots, seq_lens=batch.seq_lens, seq_lens_cpu=seq_lens_cpu,
+                               write_virtual=verify_loc.reshape(-1), read_extent=width)
+        verify_input = DFlashVerifyInput(
+            draft_token=vin.tokens, positions=vin.positions, draft_token_num=width,
+            custom_mask=vin.custom_mask, capture_hidden_mode=CaptureHiddenMode.FULL, kv_loc_plan=plan,
+        )
+        batch.out_cache_loc = verify_loc.reshape(-1)
+        backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        batch.seq_lens_cpu = seq_lens_cpu + width
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = backup
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = target_out.logits_output
+        lp = self._target_logits_processor
+        if lp is not None and lp.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = lp.finish_deferred_gather(logits_output.next_token_logits)
+        if batch.sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits_output.next_token_logits,
+                sampling_info=batch.sampling_info, draft_token_num=width,
+            )
+
+        # --- accept
+        acc = self._accept(tree, logits_output.next_token_logits.view(bs, width, -1), batch.sampling_info)
+        commit = commit_plan(tree, acc, prefix, stride=self.widths.output_stride)
+
+        # --- commit: target KV of the accepted path to the front of the window
+        window = verify_loc.reshape(-1)
+        if commit.move_src.numel():
+            src, dst = window[commit.move_src], window[commit.move_dst]
+            pool = self.model_runner.token_to_kv_pool
+            if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
+                move_kv_cache_native(pool.k_buffer, pool.v_buffer, dst, src)
+            else:
+                pool.move_kv_cache(dst, src)
+
+        # --- features of the committed rows into the draft KV; the rejected suffix out
+        hidden = logits_output.hidden_states.view(bs, width, -1)
+        dim = hidden.shape[-1]
+        path = commit.path_nodes  # [bs, T]
+        commit_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, dim))
+        commit_ids = self._draft_write_ids(plan).view(bs, width)[:, : path.shape[1]]
+        positions = prefix[:, None] + torch.arange(path.shape[1], device=prefix.device)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=commit_hidden.reshape(-1, dim), cache_loc=commit_ids.reshape(-1),
+            cache_loc_2d=commit_ids, positions=positions.reshape(-1), commit_lens=commit.commit_lens,
+        )
+        nodes = acc.suffix_nodes.clamp(min=0)
+        self.suffixes.put(
+            slots, starts=commit.new_seq_lens, lengths=acc.suffix_lengths, tokens=acc.suffix_tokens,
+            predictions=acc.suffix_predictions, features=hidden.gather(1, nodes[:, :, None].expand(-1, -1, dim)),
+        )
+        logits_output.hidden_states = None
+
+        next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=commit.new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=commit.out_tokens.reshape(-1),
+            accept_lens=commit.commit_lens,
+            can_run_cuda_graph=False,
+            next_draft_input=next_draft_input,
+            speculative_num_draft_tokens=self.widths.reserve_width,
+            speculative_output_stride=self.widths.output_stride,
+            new_seq_lens=commit.new_seq_lens,
+        )
+
+    def _draft(self, batch: Any, prefix: torch.Tensor, lengths: torch.Tensor, sfx_preds: torch.Tensor,
+               sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One drafter forward over every request's 1 + R blocks.
+
+        Returns ``(blocks [bs, 1+R, B] long, row_valid [bs, R] bool)``.
+        """
+        bs, block = prefix.shape[0], self.block_size
+        slots = batch.req_pool_indices
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        translator = self.target_worker.model_runner.kv_index_translator
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
+        win = draft_window(prefix, batch.spec_info.bonus_tokens.view(-1), lengths, sfx_preds,
+                           self.reanchor.offsets, block, int(self._mask_token_id))
+        queries = win.input_ids.shape[1]
+        extra = self.widths.extra_rows
+
+        if extra:  # rejected-suffix features -> draft K/V at columns s .. s+X-1
+            extra_loc = req_to_token[slots[:, None], win.extra_columns].long()
+            extra_plan = translator.plan(req_pool_indices=slots, seq_lens=batch.seq_lens, seq_lens_cpu=seq_lens_cpu,
+                                         write_virtual=extra_loc.reshape(-1), read_extent=extra)
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=sfx_feats.reshape(bs * extra, -1),
+                cache_loc=self._draft_write_ids(extra_plan),
+                positions=win.extra_positions.reshape(-1),
+            )
+
+        target_model = self.target_worker.model_runner.model
+        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+        lm_head = unwrap_lora_layer(getattr(target_model, "lm_head", None))
+        ids = win.input_ids
+        if self._full_embed_gpu is not None:
+            noise = torch.nn.functional.embedding(ids, self._full_embed_gpu)
+        else:
+            noise = embed(ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+
+        query_loc = req_to_token[slots[:, None], win.query_columns].long()
+        draft_seq_lens_cpu = seq_lens_cpu + extra
+        spec_info = DFlashVerifyInput(
+            draft_token=torch.empty(0, dtype=torch.long, device=ids.device),
+            positions=torch.empty(0, dtype=torch.long, device=ids.device),
+            draft_token_num=queries, custom_mask=win.custom_mask, capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=ids.reshape(-1),
+            req_pool_indices=slots,
+            seq_lens=win.seq_lens,
+            out_cache_loc=query_loc.reshape(-1),
+            seq_lens_sum=int(draft_seq_lens_cpu.sum()),
+            seq_lens_cpu=draft_seq_lens_cpu,
+            positions=win.positions.reshape(-1),
+            input_embeds=noise.reshape(bs * queries, -1),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            num_token_non_padded=(
+                torch.full((), bs * queries, dtype=torch.int32, device=ids.device)
+                if enable_num_token_non_padded() else None
+            ),
+            global_num_token_non_padded_cpu=bs * queries,
+            can_run_decode_cuda_graph=False,
+        )
+        draft_plan = translator.plan(req_pool_indices=slots, seq_lens=win.seq_lens, seq_lens_cpu=draft_seq_lens_cpu,
+                                     write_virtual=query_loc.reshape(-1), read_extent=queries)
+        draft_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+            out = self.draft_model_runner.forward(forward_batch)
+            hidden = out.logits_output.hidden_states.view(bs, -1, block, out.logits_output.hidden_states.shape[-1])
+            drafts = self._greedy_sample_from_vocab_parallel_head(
+                hidden_states=hidden[:, :, 1:].reshape(-1, hidden.shape[-1]), lm_head=lm_head
+            ).view(bs, -1, block - 1)
+        blocks = torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2)
+        return blocks, win.row_valid
+
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, sampling_info: Any) -> Acceptance:
+        """Accept with the target's pick at every node: argmax, or a sample from its distribution.
+
+        ``logits``: ``[bs, N, V]``, row ``i`` = the target after node ``i``.
+        """
+        top1 = logits.argmax(-1)
+        if sampling_info is None or sampling_info.is_all_greedy:
+            picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, top1)
+        else:
+            picks = top1.clone()
+            vocab = logits.shape[-1]
+            for b in range(tree.batch_size):
+                temperature = float(sampling_info.temperatures[b])
+                top_k = int(sampling_info.top_ks[b])
+                if top_k == 1 or temperature <= 1e-6:
+                    continue
+                top_p = float(sampling_info.top_ps[b])
+                params = SamplingParams(temperature=temperature, top_k=top_k if 0 < top_k < vocab else None,
+                                        top_p=top_p if top_p < 1.0 else None)
+                picks[b] = sample_tokens(logits[b], params, self._sample_rng)
+            picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, picks)
+        return accept_tree(tree, picks, top1)

@@ -1,0 +1,110 @@
+"""Registration and server arguments, each in a fresh process after SGLang loads its plugins."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+
+from conftest import run_fresh
+
+RESOLVE = """
+    import json, sys
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+    sa = prepare_server_args(sys.argv[1:] if len(sys.argv) > 1 else {argv!r})
+    sa.resolve_once()
+    v = resolved_view(sa)
+    keys = ["speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+            "speculative_num_draft_tokens", "disable_overlap_schedule", "disable_cuda_graph",
+            "attention_backend", "speculative_draft_attention_backend", "max_running_requests"]
+    print("RESULT" + json.dumps({{k: getattr(v, k) for k in keys}}))
+"""
+
+
+def resolve(tiny_dirs, *extra: str, env: dict[str, str] | None = None):
+    target, drafter = tiny_dirs
+    argv = ["--model-path", str(target), "--speculative-algorithm", "REANCHOR",
+            "--speculative-draft-model-path", str(drafter), "--device", "cpu", *extra]
+    out = run_fresh(RESOLVE.format(argv=argv), env=env)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return json.loads(line[len("RESULT"):]), out
+    return None, out
+
+
+def test_entry_point_is_declared():
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("reanchor") == "sglang_reanchor.srt.plugin:register"
+
+
+def test_registered_after_load_plugins_with_the_project_worker():
+    out = run_fresh("""
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang_reanchor.srt import plugin
+        algo = SpeculativeAlgorithm.from_string("reanchor")
+        plugin.register()  # idempotent: a second call is a no-op
+        assert SpeculativeAlgorithm.from_string("REANCHOR") is algo
+        assert type(algo).__name__ == "ReAnchorSpecAlgo", type(algo)
+        assert algo.is_dflash() and algo.is_dflash_family() and algo.supports_target_verify_for_draft()
+        assert not algo.is_eagle() and not algo.is_ngram() and not algo.need_topk()
+        assert algo.carries_draft_hidden_states() is False
+        assert algo.get_platform_worker_cls() is None
+        assert callable(algo.create_future_map)
+        worker = algo.factory(None)
+        from sglang_reanchor.srt.worker import ReAnchorWorker
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+        assert worker is ReAnchorWorker and issubclass(worker, DFlashWorkerV2)
+        print("OK")
+    """)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-4000:]
+
+
+def test_server_args_resolve_with_nothing_else(tiny_dirs):
+    got, out = resolve(tiny_dirs)
+    assert got is not None, out.stderr[-4000:]
+    # block 8, offsets (1,2,3): 4 rows x 8 = 32 draft queries + 3 extra rows; node budget 48
+    assert got == {
+        "speculative_algorithm": "REANCHOR", "speculative_num_steps": 1, "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 48, "disable_overlap_schedule": True, "disable_cuda_graph": True,
+        "attention_backend": "triton", "speculative_draft_attention_backend": "triton",
+        "max_running_requests": 48,
+    }
+
+
+def test_config_from_env_sets_the_reservation(tiny_dirs):
+    got, out = resolve(tiny_dirs, env={"SGLANG_REANCHOR_CONFIG": '{"offsets": [1, 2, 3, 4, 5, 6], "node_budget": 16}'})
+    assert got is not None, out.stderr[-4000:]
+    assert got["speculative_num_draft_tokens"] == 31  # ceil((6 + 7 * 8) / 2)
+
+
+def test_config_file(tiny_dirs, tmp_path):
+    path = tmp_path / "reanchor.json"
+    path.write_text('{"node_budget": 64}')
+    got, out = resolve(tiny_dirs, env={"SGLANG_REANCHOR_CONFIG": str(path)})
+    assert got is not None and got["speculative_num_draft_tokens"] == 64, out.stderr[-4000:]
+
+
+def test_bad_config_names_the_field(tiny_dirs):
+    got, out = resolve(tiny_dirs, env={"SGLANG_REANCHOR_CONFIG": '{"policy": "latest"}'})
+    assert got is None and "ReAnchorConfig.policy" in out.stderr
+
+
+def test_incompatible_arguments_fail_clearly(tiny_dirs):
+    for extra, needle in (
+        (["--attention-backend", "torch_native"], "does not apply a custom tree mask"),
+        (["--page-size", "2"], "--page-size must be 1"),
+        (["--speculative-num-draft-tokens", "8"], "is below the 48"),
+    ):
+        got, out = resolve(tiny_dirs, *extra)
+        assert got is None and needle in out.stderr, (extra, out.stderr[-3000:])
+
+
+def test_missing_draft_model_fails_clearly(tiny_dirs):
+    target, _ = tiny_dirs
+    out = run_fresh(RESOLVE.format(argv=["--model-path", str(target), "--speculative-algorithm", "REANCHOR",
+                                         "--device", "cpu"]))
+    assert out.returncode != 0 and "--speculative-draft-model-path is required" in out.stderr
