@@ -9,6 +9,11 @@ Methods: ``"target"`` (plain decoding with a KV cache), ``"dflash"`` (the baseli
 block verified as a chain) and ``"reanchor"`` (baseline plus shifted blocks,
 verified as a tree). All three emit exactly the target's tokens at T=0 and the
 target's distribution at T>0; only the speed differs.
+
+``generate(..., trace=True)`` also records every verify round (`RoundTrace`: the
+tree, the drafted blocks, the target's top-1 at every node, the accepted path) for
+the benchmark's analyses (`sglang_reanchor.bench.analysis`); off by default, when
+it costs nothing.
 """
 
 from __future__ import annotations
@@ -31,10 +36,43 @@ from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, verify_tree
 from .target import TargetModel
 
-__all__ = ["SpeculativeGenerator", "GenerationResult", "METHODS"]
+__all__ = ["METHODS", "GenerationResult", "RoundTrace", "SpeculativeGenerator"]
 
 Method = Literal["target", "dflash", "reanchor"]
 METHODS: tuple[str, ...] = ("target", "dflash", "reanchor")
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    """One verify round of one request (``generate(..., trace=True)``); tensors on CPU.
+
+    Node ``i`` of ``tree`` sits at position ``seq_len + tree.depth[0, i]``; nodes
+    ``0..B-1`` are the baseline chain ``blocks[0]``. ``top1[i]`` is the target's
+    argmax after node ``i`` given its root path, rejected nodes included.
+    """
+
+    seq_len: int  # s: committed tokens whose KV was cached before the round (the root's position)
+    tree: DraftTree  # batch 1: the verified tree (a chain for "dflash")
+    blocks: Tensor  # [1 + R, B] long: row 0 = bonus + baseline drafts; row r = anchor a_d + drafts
+    offsets: tuple[int, ...]  # [R]: offset d of shifted row r (empty for "dflash")
+    rejected_tokens: Tensor  # [L] long: the previous round's rejected suffix tokens r[s..s+L-1]
+    top1: Tensor  # [N] long: target argmax after every node
+    next_tokens: Tensor  # [N] long: the target's pick at every node (== top1 at T=0)
+    accepted_nodes: Tensor  # [tau] long: accepted node ids, root first
+
+    @property
+    def accept_length(self) -> int:
+        """tau of the round: accepted drafts + 1 (the bonus)."""
+        return int(self.accepted_nodes.shape[0])
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """One drafter forward's output for one request, before it becomes a tree."""
+
+    blocks: Tensor  # [1, 1 + R, B] long: row 0 baseline, row r shifted (anchor a_d first)
+    offsets: list[int]  # [R]: d of each shifted row
+    rejected_tokens: Tensor  # [1, L] long: rejected suffix tokens (L = 0 when none)
 
 
 @dataclass
@@ -50,6 +88,7 @@ class GenerationResult:
     decode_seconds: float
     tree_sizes: list[int] = field(default_factory=list)  # verified nodes per round
     shifted_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by shifted rows
+    rounds: list[RoundTrace] | None = None  # per verify round, only with generate(..., trace=True)
 
     @property
     def seconds(self) -> float:
@@ -145,8 +184,13 @@ class SpeculativeGenerator:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        trace: bool = False,
     ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (a list or ``[1, P]``)."""
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (a list or ``[1, P]``).
+
+        ``trace=True`` fills ``GenerationResult.rounds`` with one `RoundTrace` per
+        verify round (an extra argmax over the verified logits per round).
+        """
         prompt = self._check_prompt(input_ids, max_new_tokens)
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
@@ -155,7 +199,7 @@ class SpeculativeGenerator:
         rng.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
         request_id = uuid.uuid4().hex
         try:
-            return self._speculate(prompt, max_new_tokens, method, params, rng, request_id)
+            return self._speculate(prompt, max_new_tokens, method, params, rng, request_id, trace)
         finally:
             self.suffixes.release(request_id)  # finished, failed or interrupted: free its state
 
@@ -170,20 +214,24 @@ class SpeculativeGenerator:
         params: SamplingParams,
         rng: torch.Generator,
         request_id: str,
+        trace: bool = False,
     ) -> GenerationResult:
         t0 = time.perf_counter()
         req = self._prefill(prompt, params, rng, request_id, with_drafter=method != "target")
         out, taus, sizes, shifted_hits = [req.bonus], [], [], []
+        rounds: list[RoundTrace] | None = [] if trace else None
         t1 = time.perf_counter()
         while not self._finished(out, max_new):
             if method == "target":
                 out.append(self._decode_one(req, params, rng))
                 continue
-            tree = self._propose(req, shifted=method == "reanchor")  # one drafter forward
+            tree, draft = self._propose(req, shifted=method == "reanchor")  # one drafter forward
             verified = self.target.forward(  # one target forward over every node
                 tree.tokens, tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device)), req.cache, tree.ancestor_mask()[0]
             )
             acc = verify_tree(tree, verified.logits, params, rng)
+            if rounds is not None:
+                rounds.append(_trace_round(req.seq_len, tree, draft, acc, verified.logits))
             out += acc.new_tokens(tree)[0]
             self._commit(req, tree, acc, verified.features)
             taus.append(int(acc.accept_lengths[0]))
@@ -201,6 +249,7 @@ class SpeculativeGenerator:
             decode_seconds=time.perf_counter() - t1,
             tree_sizes=sizes,
             shifted_accepts=shifted_hits,
+            rounds=rounds,
         )
 
     # ---- steps --------------------------------------------------------------------
@@ -228,7 +277,7 @@ class SpeculativeGenerator:
         req.bonus = int(sample_tokens(out.logits[:, -1], params, rng)[0])
         return req.bonus
 
-    def _propose(self, req: _Request, *, shifted: bool) -> DraftTree:
+    def _propose(self, req: _Request, *, shifted: bool) -> tuple[DraftTree, _Draft]:
         """Draft the baseline block (and, for ReAnchor, the shifted blocks) in one forward."""
         s, dev = req.seq_len, self.target.device
         suffix = self.suffixes.get(req.id) if shifted else None
@@ -246,14 +295,19 @@ class SpeculativeGenerator:
             embed_tokens=self.target.embed_tokens,
             lm_head=self.target.lm_head,
         )  # [1, 1 + R, B]
-        if not shifted:
-            return DraftTree.chain(blocks[:, 0])
+        rejected = suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long, device=dev)
+        draft = _Draft(blocks=blocks, offsets=offsets, rejected_tokens=rejected)
+        return (self._build_tree(draft) if shifted else DraftTree.chain(blocks[:, 0])), draft
+
+    def _build_tree(self, draft: _Draft) -> DraftTree:
+        """Attach the shifted rows to the baseline chain (``self.config``'s policy)."""
+        dev = draft.blocks.device
         return build_draft_tree(
-            blocks[:, 0],
-            blocks[:, 1:],
-            offsets=torch.tensor(offsets, dtype=torch.long, device=dev),
-            row_valid=torch.ones(1, len(offsets), dtype=torch.bool, device=dev),
-            rejected_tokens=suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long),
+            draft.blocks[:, 0],
+            draft.blocks[:, 1:],
+            offsets=torch.tensor(draft.offsets, dtype=torch.long, device=dev),
+            row_valid=torch.ones(1, len(draft.offsets), dtype=torch.bool, device=dev),
+            rejected_tokens=draft.rejected_tokens,
             config=self.config,
             generator=self._tree_rng,
         )
@@ -322,3 +376,19 @@ class SpeculativeGenerator:
                 f"({2 * self.drafter.block_size}) = {needed} exceeds the target's max_position_embeddings ({limit})"
             )
         return ids.long().to(self.target.device)
+
+
+def _trace_round(seq_len: int, tree: DraftTree, draft: _Draft, acc: Acceptance, logits: Tensor) -> RoundTrace:
+    """The `RoundTrace` of one verify round (batch 1; ``logits``: ``[1, N, V]``), copied to CPU."""
+    cpu = torch.device("cpu")
+    t = int(acc.accept_lengths[0])
+    return RoundTrace(
+        seq_len=seq_len,
+        tree=DraftTree(**{f: getattr(tree, f).to(cpu) for f in DraftTree.__dataclass_fields__}),
+        blocks=draft.blocks[0].to(cpu),
+        offsets=tuple(draft.offsets),
+        rejected_tokens=draft.rejected_tokens[0].to(cpu),
+        top1=logits[0].argmax(-1).to(cpu),
+        next_tokens=acc.next_tokens[0].to(cpu),
+        accepted_nodes=acc.accepted_nodes[0, :t].to(cpu),
+    )

@@ -1,0 +1,262 @@
+"""Cost model: measured verify/draft time against size, and the defaults that maximise tokens/s.
+
+On a GPU a 60-node verify costs about what a 16-node one does; on a CPU it does
+not, so the node budget and the offsets ``D`` must be chosen by predicted
+tokens/s, not by tau alone:
+
+    round_seconds(nodes, rows) = verify(nodes) + draft(rows) + overhead
+    tokens/s(D, budget)        = E[tau(D, budget)] / E[round_seconds]
+
+``verify(n)`` is the target forward over ``n`` tree nodes after a realistic
+prefix, ``draft(r)`` the drafter forward over ``r = 1 + |D|`` blocks (both
+measured, interpolated piecewise linearly), ``overhead`` the rest of a round
+(tree build, acceptance, cache compaction; fitted from DFlash runs).
+``E[tau(D, budget)]`` comes from traced ReAnchor runs with a large budget:
+nodes are numbered parents first, so a smaller budget keeps exactly the
+accepted nodes with id < budget (`analysis.budget_taus`).
+
+`CostProfile` is saved as JSON (``python -m sglang_reanchor.bench cost``);
+`profile_config` turns its chosen defaults into a `ReAnchorConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import ReAnchorConfig
+from ..drafter import DFlashDrafter, DraftContextCache, draft_blocks
+from ..engine import TargetModel
+from .metrics import Record
+
+__all__ = ["CostProfile", "measure_profile", "budget_curve", "choose_defaults", "profile_config"]
+
+VERIFY_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128)
+DRAFT_ROWS: tuple[int, ...] = (1, 2, 3, 4, 5, 7)
+
+
+def _interp(table: dict[int, float], x: float) -> float:
+    """Piecewise-linear interpolation of ``table`` at ``x`` (linear extrapolation past the ends)."""
+    xs = sorted(table)
+    if len(xs) == 1:
+        return table[xs[0]]
+    lo = max([k for k in xs if k <= x], default=xs[0])
+    i = xs.index(lo)
+    a, b = (xs[i], xs[i + 1]) if i + 1 < len(xs) else (xs[-2], xs[-1])
+    return table[a] + (table[b] - table[a]) * (x - a) / (b - a)
+
+
+@dataclass
+class CostProfile:
+    """Measured costs on one machine for one target/drafter pair (seconds)."""
+
+    prefix: int  # committed tokens before the measured forwards
+    verify_s: dict[int, float]  # tree nodes -> target forward seconds
+    draft_s: dict[int, float]  # drafter blocks (1 + |D|) -> drafter forward seconds
+    target_token_s: float  # plain decoding: one target forward of one token
+    overhead_s: float = 0.0  # per round, besides the two forwards
+    defaults: dict[str, object] = field(default_factory=dict)  # chosen ReAnchorConfig fields
+    machine: str = ""
+
+    def verify(self, nodes: float) -> float:
+        return _interp(self.verify_s, nodes)
+
+    def draft(self, rows: float) -> float:
+        return _interp(self.draft_s, rows)
+
+    def round_seconds(self, nodes: float, rows: float) -> float:
+        return self.verify(nodes) + self.draft(rows) + self.overhead_s
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @staticmethod
+    def load(path: str | Path) -> CostProfile:
+        raw = json.loads(Path(path).read_text())
+        raw["verify_s"] = {int(k): float(v) for k, v in raw["verify_s"].items()}
+        raw["draft_s"] = {int(k): float(v) for k, v in raw["draft_s"].items()}
+        return CostProfile(**raw)
+
+
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_profile(target: torch.nn.Module, drafter: DFlashDrafter, prefix: int = 256,
+                    sizes: Sequence[int] = VERIFY_SIZES, rows: Sequence[int] = DRAFT_ROWS,
+                    repeats: int = 5, seed: int = 0) -> CostProfile:
+    """Time target forwards over ``sizes`` tree nodes and drafter forwards over ``rows`` blocks.
+
+    Verify inputs are chains under an explicit tree mask (the engine always passes
+    one) after a random ``prefix``; the cache is cut back after every forward.
+    """
+    tm = TargetModel(target, tuple(drafter.target_layer_ids))
+    dev = tm.device
+    g = torch.Generator().manual_seed(seed)
+    vocab = tm.config.vocab_size
+    cache = tm.new_cache()
+    prompt = torch.randint(vocab, (1, prefix), generator=g)
+    out = tm.forward(prompt, torch.arange(prefix)[None], cache, features=True, last_only=True)
+    empty = torch.zeros(0, dtype=torch.long, device=dev)
+
+    def verify(n: int) -> None:
+        ids = torch.randint(vocab, (1, n), generator=g)
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        tm.forward(ids, prefix + torch.arange(n)[None], cache, mask)
+        tm.keep_tokens(cache, prefix, empty)
+
+    def decode_one() -> None:
+        tm.forward(torch.randint(vocab, (1, 1), generator=g), torch.tensor([[prefix]]), cache, features=False)
+        tm.keep_tokens(cache, prefix, empty)
+
+    verify_s = {n: _median_time(lambda n=n: verify(n), repeats) for n in sizes}
+    token_s = _median_time(decode_one, repeats)
+
+    dcache = DraftContextCache()
+    dcache.append(drafter.project_context(out.features, torch.arange(prefix, device=dev)[None]))
+
+    def draft(r: int) -> None:
+        offs = list(range(1, r))
+        extra = out.features[:, prefix - max(offs):] if offs else None
+        draft_blocks(drafter, dcache, anchors=torch.randint(vocab, (1, r), generator=g).to(dev),
+                     anchor_positions=torch.tensor([[prefix] + [prefix + d for d in offs]], device=dev),
+                     extra_features=extra, extra_visible=torch.tensor([[0] + offs], device=dev),
+                     embed_tokens=tm.embed_tokens, lm_head=tm.lm_head)
+
+    draft_s = {r: _median_time(lambda r=r: draft(r), repeats) for r in rows}
+    return CostProfile(prefix=prefix, verify_s=verify_s, draft_s=draft_s, target_token_s=token_s,
+                       machine=f"{torch.get_num_threads()} torch threads, {dev}")
+
+
+def fit_overhead(profile: CostProfile, records: Sequence[Record]) -> float:
+    """Per-round time not explained by the two forwards, from ``dflash`` records (>= 0)."""
+    rounds = [r for r in records if r.method == "dflash" and r.rounds]
+    if not rounds:
+        return 0.0
+    per_round = [(r.seconds - r.prefill_seconds) / r.rounds for r in rounds]
+    sizes = [s for r in rounds for s in r.tree_sizes]
+    model = profile.verify(sum(sizes) / len(sizes)) + profile.draft(1)
+    return max(0.0, statistics.mean(per_round) - model)
+
+
+def budget_curve(profile: CostProfile, records: Sequence[Record]) -> list[dict[str, float | str]]:
+    """Predicted tau, nodes and tokens/s per (ReAnchor spec, node budget), plus target and DFlash.
+
+    ``records`` must be traced (``Record.stats["budget_tau"]``); rows per round are
+    taken as ``1 + |D|`` of the spec (an upper bound early in a response).
+    """
+    from .methods import MethodSpec
+
+    rows: list[dict[str, float | str]] = [
+        {"method": "target", "budget": 1, "tau": 1.0, "nodes": 1.0, "round_ms": 1e3 * profile.target_token_s,
+         "tokens_per_s": 1.0 / profile.target_token_s}]
+    by_method: dict[str, list[Record]] = {}
+    for r in records:
+        by_method.setdefault(r.method, []).append(r)
+    for label, recs in by_method.items():
+        spec = MethodSpec.parse(label) if label != "diagnostic" else None
+        if spec is None or spec.method == "target":
+            continue
+        n_rounds = sum(r.rounds for r in recs)
+        if spec.method == "dflash":
+            tau = sum(sum(r.taus) for r in recs) / n_rounds
+            nodes = sum(sum(r.tree_sizes) for r in recs) / n_rounds
+            sec = profile.round_seconds(nodes, 1)
+            rows.append({"method": label, "budget": nodes, "tau": tau, "nodes": nodes,
+                         "round_ms": 1e3 * sec, "tokens_per_s": tau / sec})
+            continue
+        n_rows = 1 + len(spec.config(ReAnchorConfig()).offsets)
+        budgets = sorted({int(b) for r in recs for b in r.stats.get("budget_tau", {})})
+        for b in budgets:
+            tau = sum(r.stats["budget_tau"][str(b)] for r in recs) / n_rounds
+            nodes = sum(r.stats["budget_nodes"][str(b)] for r in recs) / n_rounds
+            sec = profile.round_seconds(nodes, n_rows)
+            rows.append({"method": label, "budget": b, "tau": tau, "nodes": nodes,
+                         "round_ms": 1e3 * sec, "tokens_per_s": tau / sec})
+    return rows
+
+
+def choose_defaults(curve: Sequence[dict[str, float | str]]) -> dict[str, object]:
+    """The ReAnchor (offsets, node budget) with the highest predicted tokens/s."""
+    from .methods import MethodSpec
+
+    best = max((r for r in curve if str(r["method"]).startswith("reanchor")), key=lambda r: float(r["tokens_per_s"]))
+    offsets = MethodSpec.parse(str(best["method"])).config(ReAnchorConfig()).offsets
+    return {"offsets": list(offsets), "node_budget": int(best["budget"]),
+            "predicted_tokens_per_s": float(best["tokens_per_s"]), "predicted_tau": float(best["tau"])}
+
+
+def profile_config(profile: CostProfile | str | Path, base: ReAnchorConfig | None = None) -> ReAnchorConfig:
+    """``base`` (default `ReAnchorConfig()`) with the profile's chosen offsets and node budget."""
+    prof = profile if isinstance(profile, CostProfile) else CostProfile.load(profile)
+    base = base or ReAnchorConfig()
+    if not prof.defaults:
+        return base
+    return base.replace(offsets=tuple(int(d) for d in prof.defaults["offsets"]),  # type: ignore[union-attr]
+                        node_budget=int(prof.defaults["node_budget"]))  # type: ignore[arg-type]
+
+
+def plot_curve(profile: CostProfile, curve: Sequence[dict[str, float | str]], path: Path) -> bool:
+    """Left: measured verify/draft time vs size. Right: predicted tokens/s vs node budget."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    xs = sorted(profile.verify_s)
+    a.plot(xs, [1e3 * profile.verify_s[x] for x in xs], "o-", label="verify (target, N nodes)")
+    rs = sorted(profile.draft_s)
+    a.plot(rs, [1e3 * profile.draft_s[r] for r in rs], "s-", label="draft (drafter, N blocks)")
+    a.set_xlabel("tree nodes / drafter blocks")
+    a.set_ylabel("ms per forward")
+    a.set_title(f"cost at prefix {profile.prefix}")
+    a.legend()
+    for label in dict.fromkeys(str(r["method"]) for r in curve if str(r["method"]).startswith("reanchor")):
+        pts = [r for r in curve if r["method"] == label]
+        b.plot([float(r["budget"]) for r in pts], [float(r["tokens_per_s"]) for r in pts], "o-", ms=3, label=label)
+    for r in curve:
+        if r["method"] in ("target", "dflash"):
+            b.axhline(float(r["tokens_per_s"]), ls="--", color="gray" if r["method"] == "target" else "k", lw=1)
+            b.text(2, float(r["tokens_per_s"]), str(r["method"]), va="bottom", fontsize=8)
+    b.set_xlabel("node budget")
+    b.set_ylabel("predicted tokens/s")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def cost_markdown(profile: CostProfile, curve: Sequence[dict[str, float | str]], command: str = "") -> str:
+    """The measured cost table and the predicted tokens/s per (spec, budget)."""
+    base = profile.verify_s[min(profile.verify_s)]
+    lines = [f"# Cost model ({profile.machine}, prefix {profile.prefix})\n",
+             "| tree nodes | verify ms | relative to 1 node |", "|---|---|---|"]
+    lines += [f"| {n} | {1e3 * s:.1f} | {s / base:.2f} |" for n, s in sorted(profile.verify_s.items())]
+    lines += ["", "| drafter blocks (1+|D|) | draft ms |", "|---|---|"]
+    lines += [f"| {r} | {1e3 * s:.1f} |" for r, s in sorted(profile.draft_s.items())]
+    lines += ["", f"Plain decoding: {1e3 * profile.target_token_s:.1f} ms/token. "
+              f"Per-round overhead besides the forwards (fitted on DFlash runs): {1e3 * profile.overhead_s:.1f} ms.",
+              "", "## Predicted tokens/s per ReAnchor offsets and node budget (development prompts)\n",
+              "| method | budget | tau | nodes/round | ms/round | tokens/s |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['method']} | {float(r['budget']):.0f} | {float(r['tau']):.2f} | {float(r['nodes']):.1f} | "
+              f"{float(r['round_ms']):.1f} | {float(r['tokens_per_s']):.1f} |" for r in curve]
+    lines += ["", f"Chosen defaults: `{profile.defaults}`", ""]
+    if command:
+        lines += ["```", command, "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Method specs for ``--methods``: an engine method plus `ReAnchorConfig` changes.
+
+A spec is ``METHOD[:KEY=VALUE,KEY=VALUE...]`` with ``METHOD`` one of ``target``,
+``dflash``, ``reanchor``; keys are `ReAnchorConfig` fields; ``offsets`` takes
+``/``-separated ints (``reanchor:offsets=1/2,node_budget=32``). The spec string
+is the method's label in every table. `ABLATIONS` are the paper's Tables 4, 6 and 7.
+
+>>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
+>>> spec.method, spec.changes
+('reanchor', {'policy': 'offset', 'offsets': (1, 2)})
+>>> spec.config(ReAnchorConfig()).offsets
+(1, 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from ..config import ReAnchorConfig
+from ..engine import METHODS
+
+__all__ = ["ABLATIONS", "MAIN_METHODS", "MethodSpec", "parse_methods"]
+
+MAIN_METHODS: tuple[str, ...] = ("target", "dflash", "reanchor")
+ABLATIONS: dict[str, tuple[str, ...]] = {
+    "table4_region": ("reanchor:region=in_block", "reanchor:region=beyond"),
+    "table6_attachment": ("reanchor:policy=offset", "reanchor:policy=random", "reanchor:policy=longest_prefix"),
+    "table7_fixed_offset": ("reanchor:policy=offset",),
+}
+_INT_FIELDS = {"node_budget", "max_requests", "seed"}
+_BOOL_FIELDS = {"root_site"}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One benchmarked method: ``label`` (the spec text), engine ``method``, config ``changes``."""
+
+    label: str
+    method: str
+    changes: dict[str, object] = field(default_factory=dict)
+
+    @staticmethod
+    def parse(text: str) -> MethodSpec:
+        text = text.strip()
+        method, _, rest = text.partition(":")
+        if method not in METHODS:
+            raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}")
+        allowed = {f.name for f in fields(ReAnchorConfig)}
+        changes: dict[str, object] = {}
+        for item in filter(None, rest.split(",")):
+            key, eq, value = item.partition("=")
+            if not eq or key not in allowed:
+                raise ValueError(f"method spec {text!r}: expected KEY=VALUE with KEY in {', '.join(sorted(allowed))}")
+            changes[key] = _convert(key, value)
+        if changes and method != "reanchor":
+            raise ValueError(f"method spec {text!r}: only 'reanchor' takes config changes")
+        return MethodSpec(label=text, method=method, changes=changes)
+
+    def config(self, base: ReAnchorConfig) -> ReAnchorConfig:
+        """``base`` with this spec's changes (validated by `ReAnchorConfig`)."""
+        return base.replace(**self.changes) if self.changes else base
+
+
+def _convert(key: str, value: str) -> object:
+    if key == "offsets":
+        return tuple(int(v) for v in value.split("/") if v)
+    if key in _INT_FIELDS:
+        return int(value)
+    if key in _BOOL_FIELDS:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"{key} takes true/false, got {value!r}")
+        return value.lower() in ("true", "1")
+    return value
+
+
+def parse_methods(texts: list[str], ablations: bool = False) -> list[MethodSpec]:
+    """Specs from ``--methods`` (space- or comma-free items), plus `ABLATIONS` if asked; de-duplicated."""
+    items = list(texts) + ([s for group in ABLATIONS.values() for s in group] if ablations else [])
+    specs: list[MethodSpec] = []
+    for text in items:
+        spec = MethodSpec.parse(text)
+        if spec.label not in {s.label for s in specs}:
+            specs.append(spec)
+    return specs

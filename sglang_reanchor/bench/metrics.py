@@ -1,0 +1,114 @@
+"""Per-response records and the headline metrics (DFlash's definitions, notes/dflash.md §2).
+
+- **tau** (acceptance length): per verify round, accepted drafts + 1 (the bonus
+  counts); averaged over a response's rounds, then over responses (not token
+  weighted). Plain decoding has tau = 1.
+- **tokens/s**: ``1 / mean(TPOT)`` with ``TPOT = seconds / new tokens`` per
+  response, end to end (prefill + decode).
+- **speedup**: ``mean TPOT(target) / mean TPOT(method)``, both from the same run
+  (methods interleaved per prompt).
+
+A *response* is one assistant turn: MT-Bench gives two per question.
+
+>>> recs = [Record("d", "0", 0, "dflash", 6, [2, 4], 1.0, 0.1, 2),
+...         Record("d", "1", 0, "dflash", 4, [4], 1.0, 0.1, 1)]
+>>> summarize(recs)["d"]["dflash"]["tau"]   # (3 + 4) / 2, not 10 / 3
+3.5
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Record", "summarize", "merge_counts"]
+
+
+@dataclass
+class Record:
+    """One response of one method."""
+
+    dataset: str
+    sample: str
+    turn: int
+    method: str  # the method spec label
+    tokens: int  # new tokens (EOS included when reached)
+    taus: list[int]  # per verify round (empty for target)
+    seconds: float  # prefill + decode
+    prefill_seconds: float
+    rounds: int  # verify rounds (target forwards for "target")
+    tree_sizes: list[int] = field(default_factory=list)
+    shifted_accepts: list[int] = field(default_factory=list)
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)  # analysis counts (see analysis.py)
+    finish_reason: str = "length"
+
+    @property
+    def tau(self) -> float:
+        return sum(self.taus) / len(self.taus) if self.taus else 1.0
+
+    @property
+    def tpot(self) -> float:
+        return self.seconds / max(self.tokens, 1)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def merge_counts(records: list[Record], key: str) -> dict[str, int]:
+    """Sum the ``stats[key]`` count dicts of ``records``."""
+    total: dict[str, int] = defaultdict(int)
+    for r in records:
+        for k, v in r.stats.get(key, {}).items():
+            total[k] += v
+    return dict(total)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summarize(records: list[Record], baseline: str = "target") -> dict[str, dict[str, dict[str, float]]]:
+    """``{dataset: {method: metrics}}`` plus an ``"all"`` pseudo-dataset.
+
+    ``"all"`` averages the per-dataset tau and speedup equally (as the paper
+    averages benchmarks), and pools responses for tokens/s.
+    """
+    by: dict[str, dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        by[r.dataset][r.method].append(r)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for ds, methods in by.items():
+        base = methods.get(baseline)
+        base_tpot = _mean([r.tpot for r in base]) if base else float("nan")
+        out[ds] = {}
+        for m, recs in methods.items():
+            tpot = _mean([r.tpot for r in recs])
+            sizes = [s for r in recs for s in r.tree_sizes]
+            accepted = sum(sum(r.taus) - len(r.taus) for r in recs)
+            out[ds][m] = {
+                "responses": len(recs),
+                "tokens": sum(r.tokens for r in recs),
+                "rounds": sum(r.rounds for r in recs),
+                "tau": _mean([r.tau for r in recs]),
+                "tokens_per_s": 1.0 / tpot if tpot > 0 else float("nan"),
+                "speedup": base_tpot / tpot if tpot > 0 else float("nan"),
+                "mean_tree_size": _mean([float(s) for s in sizes]),
+                "shifted_share": (sum(sum(r.shifted_accepts) for r in recs) / accepted) if accepted else float("nan"),
+            }
+    if len(out) > 1:
+        method_names = {m for ds in out.values() for m in ds}
+        out["all"] = {}
+        for m in method_names:
+            rows = [out[ds][m] for ds in out if ds != "all" and m in out[ds]]
+            pooled = [r.tpot for r in records if r.method == m]
+            out["all"][m] = {
+                "responses": sum(x["responses"] for x in rows),
+                "tokens": sum(x["tokens"] for x in rows),
+                "rounds": sum(x["rounds"] for x in rows),
+                "tau": _mean([x["tau"] for x in rows]),
+                "tokens_per_s": 1.0 / _mean(pooled) if pooled else float("nan"),
+                "speedup": _mean([x["speedup"] for x in rows]),
+                "mean_tree_size": _mean([x["mean_tree_size"] for x in rows if x["mean_tree_size"] == x["mean_tree_size"]]),
+                "shifted_share": _mean([x["shifted_share"] for x in rows if x["shifted_share"] == x["shifted_share"]]),
+            }
+    return out

@@ -1,0 +1,139 @@
+"""Run every method on the same prompts, interleaved per prompt, and record each response.
+
+For each sample and each of its turns, every method generates from the same
+token ids with the same settings and seed, in an order rotated per prompt so
+machine noise and cache warmth hit all methods alike. The conversation then
+continues with the *first listed* method's answer (identical for all methods at
+T = 0), so later turns are the same prompt for everyone.
+
+With ``trace`` the engine records every round (`RoundTrace`) and the analysis
+counts of `analysis.py` are computed at once and kept in ``Record.stats``; the
+traces themselves are dropped. ``diagnostic`` samples also get one untimed
+`DiagnosticGenerator` pass (Table 8), recorded under the method ``"diagnostic"``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from ..config import ReAnchorConfig
+from ..drafter import DFlashDrafter
+from ..engine import GenerationResult, SpeculativeGenerator
+from . import analysis
+from .datasets import Sample
+from .methods import MethodSpec
+from .metrics import Record
+
+__all__ = ["BenchSettings", "Runner", "BUDGETS"]
+
+Encode = Callable[[list[dict[str, str]]], list[int]]
+Decode = Callable[[list[int]], str]
+BUDGETS: tuple[int, ...] = (16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Sampling and bookkeeping settings shared by every method of a run."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    trace: bool = True  # record analysis counts (Tables 1, 5; budget curve)
+    diagnostic: int = 0  # samples per dataset that also get the Table 8 pass
+    warmup: bool = True
+
+
+class Runner:
+    """Holds one target/drafter pair and a generator per method config.
+
+    Parameters
+    ----------
+    target, drafter:
+        A Hugging Face causal LM and a `DFlashDrafter` for it (shared by every method).
+    specs:
+        The methods to compare.
+    base_config:
+        ReAnchor config the specs' changes apply to.
+    encode, decode:
+        Chat messages -> prompt token ids (chat template applied); new ids -> text.
+    """
+
+    def __init__(self, target: torch.nn.Module, drafter: DFlashDrafter, specs: Sequence[MethodSpec],
+                 base_config: ReAnchorConfig, encode: Encode, decode: Decode, settings: BenchSettings) -> None:
+        if not specs:
+            raise ValueError("at least one method is needed")
+        self.specs = list(specs)
+        self.encode, self.decode, self.settings = encode, decode, settings
+        self.generators = {s.label: SpeculativeGenerator(target, drafter, s.config(base_config)) for s in specs}
+        self.diagnostic = analysis.DiagnosticGenerator(target, drafter, base_config)
+
+    def run(self, samples: Sequence[Sample], desc: str = "bench") -> list[Record]:
+        """Every method on every turn of every sample; returns one `Record` per response."""
+        if self.settings.warmup:
+            self._warmup()
+        records: list[Record] = []
+        per_dataset: dict[str, int] = {}
+        for i, sample in enumerate(tqdm(samples, desc=desc, unit="sample")):
+            k = per_dataset[sample.dataset] = per_dataset.get(sample.dataset, -1) + 1
+            records += self.run_sample(sample, order_shift=i, diagnostic=k < self.settings.diagnostic)
+        return records
+
+    def run_sample(self, sample: Sample, order_shift: int = 0, diagnostic: bool = False) -> list[Record]:
+        messages: list[dict[str, str]] = list(sample.history)
+        out: list[Record] = []
+        n = len(self.specs)
+        order = [self.specs[(order_shift + j) % n] for j in range(n)]
+        for turn, text in enumerate(sample.turns):
+            messages.append({"role": "user", "content": text})
+            ids = self.encode(messages)
+            seed = self.settings.seed + 1000 * turn + zlib.crc32(sample.id.encode()) % 1000
+            answers: dict[str, GenerationResult] = {}
+            for spec in order:
+                result = self._generate(self.generators[spec.label], ids, spec.method, seed)
+                answers[spec.label] = result
+                out.append(_record(sample, turn, spec.label, result))
+            if diagnostic:
+                result = self._generate(self.diagnostic, ids, "reanchor", seed)
+                rec = _record(sample, turn, "diagnostic", result)
+                out.append(rec)
+            reply = answers[self.specs[0].label]
+            messages.append({"role": "assistant", "content": self.decode(reply.tokens)})
+        return out
+
+    def _generate(self, gen: SpeculativeGenerator, ids: list[int], method: str, seed: int) -> GenerationResult:
+        s = self.settings
+        return gen.generate(ids, s.max_new_tokens, method=method,  # type: ignore[arg-type]
+                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
+                            trace=s.trace and method != "target")
+
+    def _warmup(self) -> None:
+        ids = self.encode([{"role": "user", "content": "Hello!"}])
+        for spec in self.specs:
+            self.generators[spec.label].generate(ids, 8, method=spec.method)  # type: ignore[arg-type]
+
+
+def _record(sample: Sample, turn: int, label: str, result: GenerationResult) -> Record:
+    stats: dict[str, dict[str, int]] = {}
+    if result.rounds is not None:
+        rounds = result.rounds
+        stats["agreement"] = analysis.post_rejection_agreement(rounds)
+        stats["alignment"] = analysis.start_token_alignment(rounds)
+        if label == "diagnostic":
+            stats["earliest_win"] = analysis.earliest_win(rounds)
+        taus = analysis.budget_taus(rounds, BUDGETS)
+        stats["budget_tau"] = {str(b): sum(t) for b, t in taus.items()}
+        stats["budget_nodes"] = {str(b): sum(min(int(r.tree.num_nodes[0]), b) for r in rounds) for b in BUDGETS}
+    rounds_n = len(result.acceptance_lengths) if result.method != "target" else len(result.tokens)
+    return Record(
+        dataset=sample.dataset, sample=sample.id, turn=turn, method=label, tokens=len(result.tokens),
+        taus=list(result.acceptance_lengths), seconds=result.seconds, prefill_seconds=result.prefill_seconds,
+        rounds=rounds_n, tree_sizes=list(result.tree_sizes), shifted_accepts=list(result.shifted_accepts),
+        stats=stats, finish_reason=result.finish_reason,
+    )

