@@ -18,6 +18,7 @@ predicts tokens/s per (offsets, node budget) and writes ``cost_profile.json``
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shlex
 import sys
@@ -30,6 +31,7 @@ from ..config import ReAnchorConfig
 from . import cost as cost_mod
 from .datasets import Sample, load_dataset, read_prompts
 from .methods import MethodSpec, parse_methods
+from .metrics import Record
 from .report import write_report
 from .runner import BenchSettings, Runner
 
@@ -76,6 +78,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--sweep-offsets", nargs="+", default=list(SWEEP_OFFSETS))
     c.add_argument("--sweep-budget", type=int, default=128)
+    c.add_argument("--sweep-records", type=Path, default=None,
+                   help="reuse the records of an earlier sweep (its sweep/results.json) instead of running one")
     if not argv or argv[0] not in ("run", "cost", "-h", "--help"):
         argv = ["run", *argv]
     return parser.parse_args(argv)
@@ -165,15 +169,17 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_cost(args: argparse.Namespace, argv: list[str]) -> int:
-    samples = load_samples(args)
     target, drafter, tokenizer, provenance = load_pair(args)
     print(f"drafter: {provenance}; measuring forwards at prefix {args.prefix} ...", flush=True)
     profile = cost_mod.measure_profile(target, drafter, prefix=args.prefix, repeats=args.repeats)
-    specs = [MethodSpec.parse("dflash")] + [
-        MethodSpec.parse(f"reanchor:offsets={o},node_budget={args.sweep_budget}") for o in args.sweep_offsets]
-    encode, decode = _codecs(tokenizer)
-    runner = Runner(target, drafter, specs, ReAnchorConfig(), encode, decode, _settings(args))
-    records = runner.run(samples, desc="sweep")
+    if args.sweep_records is not None:
+        records = [Record(**r) for r in json.loads(args.sweep_records.read_text())["records"]]
+    else:
+        specs = [MethodSpec.parse("dflash")] + [
+            MethodSpec.parse(f"reanchor:offsets={o},node_budget={args.sweep_budget}") for o in args.sweep_offsets]
+        encode, decode = _codecs(tokenizer)
+        runner = Runner(target, drafter, specs, ReAnchorConfig(), encode, decode, _settings(args))
+        records = runner.run(load_samples(args), desc="sweep")
     profile.overhead_s = cost_mod.fit_overhead(profile, records)
     curve = cost_mod.budget_curve(profile, records)
     profile.defaults = cost_mod.choose_defaults(curve)
@@ -181,7 +187,8 @@ def cmd_cost(args: argparse.Namespace, argv: list[str]) -> int:
     profile.save(args.out / "cost_profile.json")
     cost_mod.plot_curve(profile, curve, args.out / "cost_curve.png")
     meta = _meta(args, argv, provenance, ReAnchorConfig())
-    write_report(args.out / "sweep", records, meta | {"description": "Development sweep for the cost model."})
+    if args.sweep_records is None:
+        write_report(args.out / "sweep", records, meta | {"description": "Development sweep for the cost model."})
     (args.out / "cost.md").write_text(cost_mod.cost_markdown(profile, curve, meta["command"]))
     print((args.out / "cost.md").read_text())
     return 0

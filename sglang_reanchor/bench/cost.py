@@ -232,7 +232,7 @@ def plot_curve(profile: CostProfile, curve: Sequence[dict[str, float | str]], pa
     for r in curve:
         if r["method"] in ("target", "dflash"):
             b.axhline(float(r["tokens_per_s"]), ls="--", color="gray" if r["method"] == "target" else "k", lw=1)
-            b.text(2, float(r["tokens_per_s"]), str(r["method"]), va="bottom", fontsize=8)
+            b.text(16, float(r["tokens_per_s"]), str(r["method"]), va="bottom", fontsize=8)
     b.set_xlabel("node budget")
     b.set_ylabel("predicted tokens/s")
     b.legend(fontsize=7)
