@@ -269,3 +269,17 @@ def test_interp_and_cli_defaults():
     args = parse_args(["--limit", "2", "--out", "x", "--methods", "target", "reanchor:policy=random"])
     assert args.command == "run" and args.limit == 2 and args.methods == ["target", "reanchor:policy=random"]
     assert parse_args(["cost", "--out", "y"]).command == "cost"
+
+
+def test_trace_is_opt_in_and_matches_the_result(pair):
+    target, drafter = pair
+    gen = SpeculativeGenerator(target, drafter, ReAnchorConfig(offsets=(1, 2)))
+    assert gen.generate([1, 3, 4], 10, method="reanchor").rounds is None
+    for method in ("dflash", "reanchor"):
+        res = gen.generate([1, 3, 4], 10, method=method, trace=True)
+        assert [r.accept_length for r in res.rounds] == res.acceptance_lengths
+        assert [int(r.tree.num_nodes[0]) for r in res.rounds] == res.tree_sizes
+        for r in res.rounds:
+            assert r.top1.shape == r.tree.tokens.shape[1:] and r.blocks.shape[0] == 1 + len(r.offsets)
+            assert torch.equal(r.tree.tokens[0, : r.blocks.shape[1]], r.blocks[0])  # baseline chain first
+        assert method == "reanchor" or all(r.offsets == () for r in res.rounds)

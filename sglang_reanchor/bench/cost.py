@@ -141,22 +141,33 @@ def measure_profile(target: torch.nn.Module, drafter: DFlashDrafter, prefix: int
                        machine=f"{torch.get_num_threads()} torch threads, {dev}")
 
 
-def fit_overhead(profile: CostProfile, records: Sequence[Record]) -> float:
-    """Per-round time not explained by the two forwards, from ``dflash`` records (>= 0)."""
-    rounds = [r for r in records if r.method == "dflash" and r.rounds]
-    if not rounds:
+def mean_rows(records: Sequence[Record]) -> float:
+    """Drafter blocks per round actually run (1 + shifted rows; fewer when the suffix is short)."""
+    rounds = sum(r.rounds for r in records)
+    shifted = sum(r.stats.get("alignment", {}).get("rows", 0) for r in records)
+    return 1.0 + shifted / rounds if rounds else 1.0
+
+
+def fit_overhead(profile: CostProfile, records: Sequence[Record], method: str = "dflash") -> float:
+    """Per-round time of ``method``'s records not explained by the two forwards (>= 0).
+
+    For ReAnchor this includes building the tree and the larger acceptance work.
+    """
+    recs = [r for r in records if r.method == method and r.rounds]
+    if not recs:
         return 0.0
-    per_round = [(r.seconds - r.prefill_seconds) / r.rounds for r in rounds]
-    sizes = [s for r in rounds for s in r.tree_sizes]
-    model = profile.verify(sum(sizes) / len(sizes)) + profile.draft(1)
-    return max(0.0, statistics.mean(per_round) - model)
+    per_round = sum(r.seconds - r.prefill_seconds for r in recs) / sum(r.rounds for r in recs)
+    sizes = [s for r in recs for s in r.tree_sizes]
+    model = profile.verify(sum(sizes) / len(sizes)) + profile.draft(mean_rows(recs))
+    return max(0.0, per_round - model)
 
 
 def budget_curve(profile: CostProfile, records: Sequence[Record]) -> list[dict[str, float | str]]:
     """Predicted tau, nodes and tokens/s per (ReAnchor spec, node budget), plus target and DFlash.
 
-    ``records`` must be traced (``Record.stats["budget_tau"]``); rows per round are
-    taken as ``1 + |D|`` of the spec (an upper bound early in a response).
+    ``records`` must be traced (``Record.stats["budget_tau"]``). Drafter blocks per
+    round are those the spec's runs actually drafted; ReAnchor's extra per-round
+    overhead over DFlash's (tree building) is fitted from its own runs.
     """
     from .methods import MethodSpec
 
@@ -178,12 +189,13 @@ def budget_curve(profile: CostProfile, records: Sequence[Record]) -> list[dict[s
             rows.append({"method": label, "budget": nodes, "tau": tau, "nodes": nodes,
                          "round_ms": 1e3 * sec, "tokens_per_s": tau / sec})
             continue
-        n_rows = 1 + len(spec.config(ReAnchorConfig()).offsets)
+        n_rows = mean_rows(recs)
+        extra = fit_overhead(profile, recs, label) - profile.overhead_s  # tree building etc.
         budgets = sorted({int(b) for r in recs for b in r.stats.get("budget_tau", {})})
         for b in budgets:
             tau = sum(r.stats["budget_tau"][str(b)] for r in recs) / n_rounds
             nodes = sum(r.stats["budget_nodes"][str(b)] for r in recs) / n_rounds
-            sec = profile.round_seconds(nodes, n_rows)
+            sec = profile.round_seconds(nodes, n_rows) + extra
             rows.append({"method": label, "budget": b, "tau": tau, "nodes": nodes,
                          "round_ms": 1e3 * sec, "tokens_per_s": tau / sec})
     return rows
