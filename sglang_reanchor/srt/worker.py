@@ -26,7 +26,9 @@ in reserved slots past it and are overwritten next round.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from typing import Any
 
 import torch
@@ -67,6 +69,20 @@ __all__ = ["ReAnchorWorker"]
 
 logger = logging.getLogger(__name__)
 
+TRACE_ENV = "SGLANG_REANCHOR_TRACE"  # a file path: one JSON line per request per round
+
+
+class DraftWindowInput(DFlashVerifyInput):
+    """The drafter forward's spec input: its custom mask also covers the prefix.
+
+    The rejected-suffix context rows sit at the end of the drafter's prefix, and
+    only some blocks may see them (`layout.draft_window`). FlashInfer applies the
+    whole FULL_MASK row; for Triton, ``masks_prefix`` makes the plugin's hook run
+    the kernel without ``skip_prefix_custom_mask`` (`cpu_compat.register_mask_hooks`).
+    """
+
+    masks_prefix = True
+
 
 class ReAnchorWorker(DFlashWorkerV2):
     """The ``REANCHOR`` speculative worker (synchronous: overlap scheduling is off)."""
@@ -87,18 +103,25 @@ class ReAnchorWorker(DFlashWorkerV2):
         self.widths = serving_widths(self.reanchor, block)
         self.speculative_num_draft_tokens = self.widths.reserve_width
         fc = self.draft_model.fc
-        feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
-        self.suffixes = SlotSuffixStore(
-            num_slots=int(self.model_runner.req_to_token_pool.size) + 1,
-            max_len=self.widths.extra_rows,
-            feature_dim=feature_dim,
-            device=self.device,
-            dtype=self.model_runner.model_config.dtype,
-        )
+        self._feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
+        self._suffixes: SlotSuffixStore | None = None  # built once SGLang has allocated its pools
         self._tree_rng = torch.Generator(device="cpu").manual_seed(self.reanchor.seed)
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
-        self.last_trees: list[DraftTree] = []  # the latest round's tree, for tests and debugging
+        self._trace_path = os.environ.get(TRACE_ENV, "")
         logger.info("REANCHOR worker: %s; widths %s", self.reanchor, self.widths)
+
+    @property
+    def suffixes(self) -> SlotSuffixStore:
+        """Rejected suffixes by ``req_pool_idx`` (allocated on first use)."""
+        if self._suffixes is None:
+            self._suffixes = SlotSuffixStore(
+                num_slots=int(self.model_runner.req_to_token_pool.size) + 1,
+                max_len=self.widths.extra_rows,
+                feature_dim=self._feature_dim,
+                device=self.device,
+                dtype=self.model_runner.model_config.dtype,
+            )
+        return self._suffixes
 
     # ---- the scheduler's entry point ------------------------------------------------
 
@@ -133,7 +156,6 @@ class ReAnchorWorker(DFlashWorkerV2):
             offsets=torch.tensor(self.reanchor.offsets, dtype=torch.long, device=blocks.device),
             row_valid=row_valid, rejected_tokens=sfx_tokens, config=self.reanchor, generator=self._tree_rng,
         )
-        self.last_trees = [tree]
 
         # --- verify: one target forward over the tree
         vin = verify_inputs(tree, prefix)
@@ -197,6 +219,8 @@ class ReAnchorWorker(DFlashWorkerV2):
             predictions=acc.suffix_predictions, features=hidden.gather(1, nodes[:, :, None].expand(-1, -1, dim)),
         )
         logits_output.hidden_states = None
+        if self._trace_path:
+            self._trace(batch, tree, acc, lengths)
 
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=commit.new_seq_lens)
         return GenerationBatchResult(
@@ -249,7 +273,7 @@ class ReAnchorWorker(DFlashWorkerV2):
 
         query_loc = req_to_token[slots[:, None], win.query_columns].long()
         draft_seq_lens_cpu = seq_lens_cpu + extra
-        spec_info = DFlashVerifyInput(
+        spec_info = DraftWindowInput(
             draft_token=torch.empty(0, dtype=torch.long, device=ids.device),
             positions=torch.empty(0, dtype=torch.long, device=ids.device),
             draft_token_num=queries, custom_mask=win.custom_mask, capture_hidden_mode=CaptureHiddenMode.NULL,
@@ -286,6 +310,22 @@ class ReAnchorWorker(DFlashWorkerV2):
             ).view(bs, -1, block - 1)
         blocks = torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2)
         return blocks, win.row_valid
+
+    def _trace(self, batch: Any, tree: DraftTree, acc: Acceptance, suffix_lens: torch.Tensor) -> None:
+        """Append one JSON line per request: this round's tree and acceptance."""
+        path_rows = tree.source_row.gather(1, acc.accepted_nodes.clamp(min=0))
+        on_path = acc.accepted_nodes >= 0
+        with open(self._trace_path, "a") as f:
+            for b, req in enumerate(batch.reqs):
+                f.write(json.dumps({
+                    "rid": req.rid,
+                    "seq_len": int(batch.seq_lens[b]),
+                    "tau": int(acc.accept_lengths[b]),
+                    "nodes": int(tree.num_nodes[b]),
+                    "rows_attached": int((tree.row_sites[b] >= 0).sum()),
+                    "shifted_accepts": int(((path_rows[b] > 0) & on_path[b]).sum()),
+                    "suffix_len": int(suffix_lens[b]),
+                }) + "\n")
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor, sampling_info: Any) -> Acceptance:
         """Accept with the target's pick at every node: argmax, or a sample from its distribution.

@@ -1,0 +1,112 @@
+"""Workarounds, through SGLang's ``HookRegistry``, that let SGLang 0.5.23 serve on a plain CPU.
+
+SGLang's own CPU path (``SGLANG_USE_CPU_ENGINE=1``) needs ``sgl_kernel`` built for
+Intel AMX. Without it, ``--device cpu`` runs the pure-torch layers, except that:
+
+- ``RotaryEmbedding.__init__`` imports ``vllm._custom_ops.rotary_embedding`` on a
+  device it does not recognise (``layers/rotary_embedding/base.py``), although its
+  forward then runs the native torch path anyway. The hook makes the constructor
+  take the branch it takes on MPS/CPU/XPU (no fallback kernel), only while it runs.
+
+The hooks are registered only on a machine where SGLang sees no accelerator
+platform (no CUDA/HIP/XPU/NPU/MUSA, no CPU engine): there the patched code would
+otherwise fail, so they change nothing anywhere else.
+
+Two hooks apply everywhere, because what they fix is not CPU-specific:
+
+- The Triton attention backend calls its extend kernel with
+  ``skip_prefix_custom_mask=True``: a custom mask governs only the new tokens and
+  every query sees the whole prefix. ReAnchor's drafter forward puts the
+  rejected-suffix context rows at the end of the prefix and must hide them from
+  the baseline block (`layout.draft_window`). For a forward whose ``spec_info``
+  sets ``masks_prefix = True`` (only ReAnchor's draft window does), the hook runs
+  the kernel with ``skip_prefix_custom_mask=False``; every other forward is
+  untouched. (FlashInfer applies the whole FULL_MASK row already.)
+
+- ``ModelRunner._extend_forward_kwargs`` casts ``forward_batch.input_embeds`` to
+  bfloat16 whatever the model's dtype, so a DFlash drafter run in float32 or
+  float16 (its block embeddings come in as ``input_embeds``) fails with "expected
+  m1 and m2 to have the same dtype". The hook casts them to the runner's dtype
+  instead; for bfloat16 models nothing changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["needs_cpu_hooks", "register_cpu_hooks", "register_dtype_hooks", "register_mask_hooks"]
+
+ROPE_INIT = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
+EXTEND_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
+TRITON_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
+
+
+def needs_cpu_hooks() -> bool:
+    """True when SGLang runs here on no platform it knows (the plain-CPU case)."""
+    from sglang.srt.utils import is_cpu, is_cuda, is_hip, is_musa, is_npu, is_xpu
+
+    return not any(f() for f in (is_cuda, is_hip, is_xpu, is_npu, is_musa, is_cpu))
+
+
+def _rope_init_without_vllm(original: Any, *args: Any, **kwargs: Any) -> Any:
+    from sglang.srt.layers.rotary_embedding import base
+
+    saved = base._is_mps
+    base._is_mps = True  # the constructor's "no fallback kernel" branch
+    try:
+        return original(*args, **kwargs)
+    finally:
+        base._is_mps = saved
+
+
+def register_cpu_hooks() -> bool:
+    """Register the hooks if `needs_cpu_hooks`; returns whether it did."""
+    if not needs_cpu_hooks():
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(ROPE_INIT, _rope_init_without_vllm, HookType.AROUND)
+    return True
+
+
+def _embeds_in_model_dtype(original: Any, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> dict:
+    out = original(runner, forward_batch, *args, **kwargs)
+    embeds = getattr(forward_batch, "input_embeds", None)
+    dtype = getattr(runner, "dtype", None)
+    if embeds is not None and "input_embeds" in out and dtype is not None and dtype != torch_bfloat16():
+        out["input_embeds"] = embeds.to(dtype)
+    return out
+
+
+def torch_bfloat16() -> Any:
+    import torch
+
+    return torch.bfloat16
+
+
+def register_dtype_hooks() -> None:
+    """Register the ``input_embeds`` dtype fix (see the module docstring)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(EXTEND_KWARGS, _embeds_in_model_dtype, HookType.AROUND)
+
+
+def _extend_with_prefix_mask(original: Any, backend: Any, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any,
+                             *args: Any, **kwargs: Any) -> Any:
+    if not getattr(getattr(forward_batch, "spec_info", None), "masks_prefix", False):
+        return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
+    import functools
+
+    kernel = backend.extend_attention_fwd
+    backend.extend_attention_fwd = functools.partial(kernel, skip_prefix_custom_mask=False)
+    try:
+        return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
+    finally:
+        backend.extend_attention_fwd = kernel
+
+
+def register_mask_hooks() -> None:
+    """Register the Triton prefix-mask hook (see the module docstring)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TRITON_EXTEND, _extend_with_prefix_mask, HookType.AROUND)
