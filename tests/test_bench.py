@@ -177,16 +177,18 @@ def test_earliest_win_with_known_answer():
     # At site 1 it gives 9 5 7 ... (rejected at depth 2).
     r = _diag_round(base, [[5, 7, 8, 1, 2, 3]], (1,), truth)
     assert r.accept_length == 9  # drafts 5 6 5 7 8 1 2 3 accepted through the site-3 path, + bonus
-    assert analysis.earliest_win([r]) == {"groups": 1, "tested": 1, "wins": 0}
+    assert analysis.earliest_win([r]) == {"groups": 1, "tested": 1, "wins": 0, "capped": 0}
     # row whose best site is the earliest: anchor 6 at site 2 only
     r2 = _diag_round(base, [[6, 5, 7, 8, 1, 2]], (1,), truth)
-    assert analysis.earliest_win([r2]) == {"groups": 1, "tested": 1, "wins": 1}
+    assert analysis.earliest_win([r2]) == {"groups": 1, "tested": 1, "wins": 1, "capped": 0}
     # a group whose paths all lose to the baseline is not tested (anchor 6 at site 2: 5 6 then 0)
     r3 = _diag_round(base, [[6, 0, 0, 0, 0, 0]], (1,), truth)
-    assert analysis.earliest_win([r3]) == {"groups": 1, "tested": 0, "wins": 0}
+    assert analysis.earliest_win([r3]) == {"groups": 1, "tested": 0, "wins": 0, "capped": 0}
     # ties count: anchor 5 at sites 1 and 3; site 3 ties the baseline (3 drafts), site 1 does not
     r4 = _diag_round(base, [[5, 0, 0, 0, 0, 0]], (1,), truth)
-    assert analysis.earliest_win([r4]) == {"groups": 1, "tested": 1, "wins": 0}
+    assert analysis.earliest_win([r4]) == {"groups": 1, "tested": 1, "wins": 0, "capped": 0}
+    # with one site verified per row, site 3 is not a path: the group has no tying path
+    assert analysis.earliest_win([r4], max_sites=1) == {"groups": 1, "tested": 0, "wins": 0, "capped": 1}
 
 
 def test_budget_taus_and_histogram():

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 DIAGNOSTIC_BUDGET = 100_000
+MAX_SITES = 8  # diagnostic pass: attachment sites per row, earliest first (bounds the verified tree)
 
 
 def ratio(num: int, den: int) -> float:
@@ -108,16 +109,18 @@ def path_accept_length(path: Sequence[int], index: dict[tuple[int, ...], int], t
     return k
 
 
-def earliest_win(rounds: Iterable[RoundTrace]) -> dict[str, int]:
-    """Table 8 counts on diagnostic rounds: ``{"groups", "tested", "wins"}``.
+def earliest_win(rounds: Iterable[RoundTrace], max_sites: int = MAX_SITES) -> dict[str, int]:
+    """Table 8 counts on diagnostic rounds: ``{"groups", "tested", "wins", "capped"}``.
 
     A group is a (round, offset ``d``) whose row has at least one matching site
     ``j >= 1`` (``g_j == a_d``). Each attachment path ``g_0..g_{j-1}, a_d, e_1..``
     and the baseline path get their accepted length from the verified ``top1``.
     A group is *tested* when one of its paths ties the round's maximum; the
-    earliest site *wins* when its path ties it too.
+    earliest site *wins* when its path ties it too. Only the first ``max_sites``
+    sites of a row were verified (`DiagnosticGenerator`); ``capped`` counts the
+    groups that had more.
     """
-    c = {"groups": 0, "tested": 0, "wins": 0}
+    c = {"groups": 0, "tested": 0, "wins": 0, "capped": 0}
     for r in rounds:
         index, top1 = _node_index(r.tree), r.top1.tolist()
         base = r.blocks[0].tolist()
@@ -128,6 +131,8 @@ def earliest_win(rounds: Iterable[RoundTrace]) -> dict[str, int]:
             sites = [j for j in range(1, len(base)) if base[j] == shifted[0]]
             if not sites:
                 continue
+            c["capped"] += len(sites) > max_sites
+            sites = sites[:max_sites]
             lengths = [path_accept_length(base[:j] + shifted, index, top1) for j in sites]
             per_group.append(lengths)
             best = max(best, *lengths)
@@ -165,19 +170,19 @@ class DiagnosticGenerator(SpeculativeGenerator):
 
     Used only for Table 8: one target forward verifies every attachment path of
     every row, so each path's accepted length is known. Decoding stays exact (any
-    draft tree is), but its speed means nothing. The node budget is lifted.
+    draft tree is), but its speed means nothing. The node budget is lifted; each
+    row goes to its first `MAX_SITES` matching sites at most.
     """
 
     def _build_tree(self, draft: _Draft) -> DraftTree:
         base, rows = draft.blocks[:, 0], draft.blocks[:, 1:]  # [1, B], [1, R, B]
-        first = 0 if self.config.root_site else 1
         dup_rows, dup_offsets, dup_sites = [], [], []
         for r, d in enumerate(draft.offsets):
-            for j in range(first, base.shape[1]):
-                if int(base[0, j]) == int(rows[0, r, 0]):
-                    dup_rows.append(rows[0, r])
-                    dup_offsets.append(d)
-                    dup_sites.append(j)
+            matches = [j for j in range(1, base.shape[1]) if int(base[0, j]) == int(rows[0, r, 0])]
+            for j in matches[:MAX_SITES]:  # sites j >= 1, as in `earliest_win`
+                dup_rows.append(rows[0, r])
+                dup_offsets.append(d)
+                dup_sites.append(j)
         if not dup_rows:
             return DraftTree.chain(base)
         dev = base.device

@@ -119,7 +119,10 @@ def _analysis_markdown(tables: dict) -> str:
     t8 = _table(["", *ds], [
         ["tested draft groups", *[str(tables[d]["table8_earliest_win"].get("tested", 0)) for d in ds]],
         ["earliest wins", *[str(tables[d]["table8_earliest_win"].get("wins", 0)) for d in ds]],
-        ["win rate (%)", *[_fmt(tables[d]["table8_earliest_win"]["win_rate_percent"], 1) for d in ds]]])
+        ["win rate (%)", *[_fmt(tables[d]["table8_earliest_win"]["win_rate_percent"], 1) for d in ds]],
+        ["groups (round x offset with a match)", *[str(tables[d]["table8_earliest_win"].get("groups", 0)) for d in ds]],
+        [f"groups with > {analysis.MAX_SITES} sites (capped)",
+         *[str(tables[d]["table8_earliest_win"].get("capped", 0)) for d in ds]]])
     return (f"### Table 1: post-rejection agreement (DFlash rounds)\n\n{t1}\n\n"
             f"### Table 5: start-token alignment (ReAnchor shifted rows)\n\n{t5}\n\n"
             f"### Table 8: earliest-attachment win rate (diagnostic pass)\n\n{t8}\n")
