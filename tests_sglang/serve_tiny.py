@@ -1,0 +1,52 @@
+"""Run one SGLang Engine on the tiny CPU pair and print its outputs as JSON (a helper, not a test).
+
+    python tests_sglang/serve_tiny.py ROOT ALGORITHM REQUESTS_JSON
+
+``ALGORITHM`` is ``REANCHOR`` or ``NONE``; ``REQUESTS_JSON`` is a list of
+``{"rid", "input_ids", "max_new_tokens", "temperature"}`` sent as rounds: each
+inner list is one ``generate`` call (a batch). ReAnchor's per-round trace is
+read from ``$SGLANG_REANCHOR_TRACE`` when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    root, algorithm, rounds = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import sglang as sgl
+
+    spec = {}
+    if algorithm != "NONE":
+        spec = dict(speculative_algorithm=algorithm, speculative_draft_model_path=f"{root}/drafter")
+    llm = sgl.Engine(model_path=f"{root}/target", device="cpu", skip_tokenizer_init=True, dtype="float32",
+                     attention_backend="triton", disable_cuda_graph=True, mem_fraction_static=0.3,
+                     max_total_tokens=2048, log_level="warning", random_seed=0, **spec)
+    results = {}
+    try:
+        for batch in rounds:
+            outs = llm.generate(
+                input_ids=[r["input_ids"] for r in batch],
+                sampling_params=[{"temperature": r.get("temperature", 0.0), "max_new_tokens": r["max_new_tokens"],
+                                  "ignore_eos": True} for r in batch],
+                rid=[r["rid"] for r in batch],
+            )
+            for r, out in zip(batch, outs):
+                meta = out["meta_info"]
+                results[r["rid"]] = {
+                    "output_ids": out["output_ids"],
+                    "cached_tokens": meta.get("cached_tokens", 0),
+                    "spec_verify_ct": meta.get("spec_verify_ct"),
+                    "spec_accept_length": meta.get("spec_accept_length"),
+                }
+    finally:
+        llm.shutdown()
+    print("RESULTS" + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
