@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang")
+# Triton kernels run in the interpreter on CPU; it must be set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("sglang")
 
 # A tiny Llama target and a DFlash drafter for it: configs only, for argument resolution.
 TINY_TARGET = {
