@@ -67,7 +67,7 @@ def _cmd_fit(args: argparse.Namespace) -> None:
         lr=args.lr, warmup_steps=args.warmup, total_steps=args.steps, minutes=args.minutes,
         batch_seqs=args.batch_seqs, anchors_per_seq=args.anchors, gamma=args.gamma,
         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed,
-        val_max_new_tokens=args.val_tokens, init_from_target=not args.random_init)
+        val_max_new_tokens=args.val_tokens, val_prompts=args.val_prompts, init_from_target=not args.random_init)
     fit(model, tok, config, args.data, args.out, settings, resume=args.resume)
 
 
@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--eval-every", type=int, default=200)
     f.add_argument("--save-every", type=int, default=50)
     f.add_argument("--val-tokens", type=int, default=64, help="new tokens per validation prompt")
+    f.add_argument("--val-prompts", type=int, default=8, help="held-out prompts per validation during "
+                   "training (the final one uses all)")
     f.add_argument("--random-init", action="store_true", help="do not copy target layers into the drafter")
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=_cmd_fit)

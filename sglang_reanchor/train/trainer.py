@@ -82,7 +82,7 @@ class Trainer:
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         self.opt = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95),
-                                     weight_decay=settings.weight_decay)
+                                     weight_decay=settings.weight_decay, fused=True)
         self.step_count = 0
 
     def lr_at(self, step: int) -> float:
@@ -137,7 +137,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.settings.clip)
         self.opt.step()
         self.step_count += 1
-        return {"step": self.step_count, "loss": float(loss), "lr": lr, "acc": acc.tolist()}
+        return {"step": self.step_count, "loss": float(loss.detach()), "lr": lr, "acc": acc.tolist()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"drafter": self.drafter.state_dict(), "optimizer": self.opt.state_dict(),
