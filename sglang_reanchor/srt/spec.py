@@ -19,6 +19,7 @@ rejects what it cannot serve, with a message naming the flag.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -105,6 +106,8 @@ def validate_server_args(server_args: Any) -> None:
         problems.append("--enable-mixed-chunk is not supported")
     if getattr(cfg, "disaggregation_mode", "null") not in (None, "null"):
         problems.append("--disaggregation-mode is not supported")
+    if os.environ.get("SGLANG_ENABLE_SPLITKV_VERIFY", "").lower() in ("1", "true", "yes"):
+        problems.append("SGLANG_ENABLE_SPLITKV_VERIFY ignores custom verify masks; unset it")
     if problems:
         raise ValueError("REANCHOR: " + "; ".join(problems))
     load_config()  # a bad SGLANG_REANCHOR_CONFIG fails at launch, naming the field
