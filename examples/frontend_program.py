@@ -36,12 +36,13 @@ def main() -> None:
     sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
     start = time.perf_counter()
     states = city_facts.run_batch([{"city": c, "max_tokens": args.max_tokens} for c in args.cities])
+    answers = [(state["fact"], state["why"]) for state in states]  # waits for the generations
     seconds = time.perf_counter() - start
-    for city, state in zip(args.cities, states):
+    for city, state, texts in zip(args.cities, states, answers):
         print(f"== {city}")
-        for name in ("fact", "why"):
+        for name, text in zip(("fact", "why"), texts):
             meta = state.get_meta_info(name) or {}
-            print(f"  {name}: {state[name].strip()!r}")
+            print(f"  {name}: {text.strip()!r}")
             print(f"    tokens {meta.get('completion_tokens')}, accept length {meta.get('spec_accept_length')}, "
                   f"target forwards {meta.get('spec_verify_ct')}")
     print(f"{len(args.cities)} programs in {seconds:.1f} s")

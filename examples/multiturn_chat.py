@@ -49,9 +49,9 @@ def main() -> None:
     for turn, question in enumerate(QUESTIONS[: args.turns], 1):
         start = time.perf_counter()
         state = chat_turn.run(history=history, question=question, max_tokens=args.max_tokens)
-        seconds = time.perf_counter() - start
+        answer = state["answer"].strip()  # waits for the generation
         meta = state.get_meta_info("answer") or {}
-        answer = state["answer"].strip()
+        seconds = time.perf_counter() - start
         new = meta.get("completion_tokens", 0)
         accept = meta.get("spec_accept_length")
         print(f"{turn:>4} {meta.get('prompt_tokens', 0):>6} {meta.get('cached_tokens', 0):>6} {new:>4} "
