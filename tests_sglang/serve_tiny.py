@@ -4,7 +4,8 @@
 
 ``ALGORITHM`` is ``REANCHOR`` or ``NONE``; ``REQUESTS_JSON`` is a list of
 ``{"rid", "input_ids", "max_new_tokens", "temperature"}`` sent as rounds: each
-inner list is one ``generate`` call (a batch). ReAnchor's per-round trace is
+inner list is one ``generate`` call (a batch). A request with ``"continues": rid``
+has ``input_ids`` = that request's prompt + its output + ``"append"`` (a next turn). ReAnchor's per-round trace is
 read from ``$SGLANG_REANCHOR_TRACE`` when set.
 """
 
@@ -29,6 +30,10 @@ def main() -> None:
     results = {}
     try:
         for batch in rounds:
+            for r in batch:
+                if "continues" in r:
+                    prev = results[r["continues"]]
+                    r["input_ids"] = prev["input_ids"] + prev["output_ids"] + r["append"]
             outs = llm.generate(
                 input_ids=[r["input_ids"] for r in batch],
                 sampling_params=[{"temperature": r.get("temperature", 0.0), "max_new_tokens": r["max_new_tokens"],
@@ -38,6 +43,7 @@ def main() -> None:
             for r, out in zip(batch, outs):
                 meta = out["meta_info"]
                 results[r["rid"]] = {
+                    "input_ids": r["input_ids"],
                     "output_ids": out["output_ids"],
                     "cached_tokens": meta.get("cached_tokens", 0),
                     "spec_verify_ct": meta.get("spec_verify_ct"),

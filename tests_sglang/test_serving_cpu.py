@@ -80,6 +80,8 @@ ROUNDS = [
     [{"rid": k, "input_ids": p, "max_new_tokens": n} for k, (p, n) in PROMPTS.items()],  # one batch
     [{"rid": "a-again", "input_ids": PROMPTS["a"][0], "max_new_tokens": PROMPTS["a"][1]}],  # radix hit
     [{"rid": "sampled", "input_ids": PROMPTS["c"][0], "max_new_tokens": 12, "temperature": 0.8}],
+    # a next turn: the first request's prompt and answer (cached, draft KV included) plus new tokens
+    [{"rid": "a-next", "continues": "a", "append": [1, 17, 23], "max_new_tokens": 16}],
 ]
 
 
@@ -90,12 +92,15 @@ def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config)
     got = serve(root, "REANCHOR", ROUNDS, config, trace)
     reference = SpeculativeGenerator(target, drafter, config=parse_config(config or "{}"))
     taus = trace_taus(trace)
-    for rid, (prompt, n) in list(PROMPTS.items()) + [("a-again", PROMPTS["a"])]:
+    cases = list(PROMPTS.items()) + [("a-again", PROMPTS["a"]), ("a-next", (got["a-next"]["input_ids"], 16))]
+    for rid, (prompt, n) in cases:
         ref = reference.generate(prompt, n, method="reanchor")
         assert got[rid]["output_ids"] == ref.tokens, rid
         assert taus[rid] == ref.acceptance_lengths, rid
         assert got[rid]["spec_verify_ct"] == len(ref.acceptance_lengths), rid
+    assert got["a-next"]["input_ids"][: len(PROMPTS["a"][0])] == PROMPTS["a"][0]
     assert got["a-again"]["cached_tokens"] > 0  # the radix cache served the committed prefix
+    assert got["a-next"]["cached_tokens"] > len(PROMPTS["a"][0])  # ... including generated tokens
     assert len(got["sampled"]["output_ids"]) == 12
     if config:  # this pair accepts through shifted rows under the offset policy
         assert max(max(t) for t in taus.values()) > 1
