@@ -193,3 +193,18 @@ def test_training_prompts_are_disjoint_from_installed_eval_sets() -> None:
     check_disjoint(prompts, evals)
     eval_norm = {normalize(t) for texts in evals.values() for t in texts}
     assert not eval_norm & {normalize(p.text) for p in prompts}
+
+
+def test_shipped_drafter_folder_is_small_and_zlab_shaped() -> None:
+    from sglang_reanchor.hub import shipped_drafter_path
+
+    folder = shipped_drafter_path()
+    if folder is None:
+        pytest.skip("no drafter shipped in this build")
+    drafter = DFlashDrafter.from_pretrained(folder)
+    cfg = drafter.config
+    assert (cfg.block_size, cfg.hidden_size, cfg.vocab_size, cfg.num_target_layers) == (16, 576, 49152, 30)
+    assert cfg.mask_token_id == 16 and 3 <= len(cfg.target_layer_ids) <= 5 and cfg.num_hidden_layers <= 2
+    assert drafter.fc.weight.dtype == torch.bfloat16
+    assert (folder / "model.safetensors").stat().st_size < 50 * 2**20
+    assert (folder / "README.md").is_file()
