@@ -15,12 +15,12 @@ $PY -m sglang_reanchor.bench cost --datasets gsm8k humaneval --skip 50 --limit 1
 
 # 2. Main benchmark, T=0: target vs DFlash vs ReAnchor (defaults from the cost profile),
 #    plus ReAnchor at a paper-style config, with the Table 8 diagnostic pass.
-$PY -m sglang_reanchor.bench --datasets gsm8k humaneval mt-bench aime25 --limit 2 --max-new-tokens 128 \
+$PY -m sglang_reanchor.bench --datasets gsm8k humaneval mt-bench aime25 --limit 1 --max-new-tokens 96 \
     --methods target dflash reanchor "reanchor:offsets=1/2/3,node_budget=64" \
     --profile results/cost/cost_profile.json --diagnostic 1 --threads 1 --out results/bench_t0 &
 
 # 3. Ablations (Tables 4, 6, 7), T=0, paper-style base config.
-$PY -m sglang_reanchor.bench --datasets gsm8k humaneval --limit 2 --max-new-tokens 128 \
+$PY -m sglang_reanchor.bench --datasets gsm8k humaneval --limit 1 --max-new-tokens 96 \
     --methods target dflash reanchor --ablations --offsets 1/2/3 --node-budget 64 --threads 1 \
     --out results/ablations_t0 &
 wait
