@@ -24,3 +24,13 @@ $PY -m sglang_reanchor.bench --datasets gsm8k humaneval --limit 1 --max-new-toke
     --methods target dflash reanchor --ablations --offsets 1/2/3 --node-budget 64 --threads 1 \
     --out results/ablations_t0 &
 wait
+
+# 4. T=1 sanity run (small; responses differ per method, so lengths and TPOT differ too).
+$PY -m sglang_reanchor.bench --datasets gsm8k humaneval --limit 1 --max-new-tokens 64 --temperature 1.0 \
+    --methods target dflash reanchor "reanchor:policy=offset" --profile results/cost/cost_profile.json \
+    --threads 1 --out results/bench_t1
+
+# 5. Exploratory, development prompts only (--skip 50): fixed-offset attachment at small budgets.
+$PY -m sglang_reanchor.bench --datasets gsm8k humaneval mt-bench aime25 --skip 50 --limit 1 --max-new-tokens 96 \
+    --methods target dflash "reanchor:policy=offset,offsets=1,node_budget=32" \
+    "reanchor:policy=offset,offsets=1,node_budget=20" --threads 1 --out results/dev_offset_policy
