@@ -34,3 +34,12 @@ $PY -m sglang_reanchor.bench --datasets gsm8k humaneval --limit 1 --max-new-toke
 $PY -m sglang_reanchor.bench --datasets gsm8k humaneval mt-bench aime25 --skip 50 --limit 1 --max-new-tokens 96 \
     --methods target dflash "reanchor:policy=offset,offsets=1,node_budget=32" \
     "reanchor:policy=offset,offsets=1,node_budget=20" --threads 1 --out results/dev_offset_policy
+
+# 6. The fixed-offset config picked on development prompts (step 5), on the evaluation prompts
+#    (two processes, one core each).
+for ds in "gsm8k humaneval:a" "mt-bench aime25:b"; do
+  $PY -m sglang_reanchor.bench --datasets ${ds%:*} --limit 1 --max-new-tokens 96 \
+    --methods target dflash "reanchor:policy=offset,offsets=1,node_budget=20" --threads 1 \
+    --out results/bench_t0_offset1_${ds#*:} &
+done
+wait
