@@ -107,6 +107,25 @@ def test_loss_weights_and_logits_only_on_labelled_slots(target: torch.nn.Module)
     assert torch.isnan(acc[1]) and not torch.isnan(acc[0])
 
 
+def head_vocab(target: torch.nn.Module) -> int:
+    return int(target.get_output_embeddings().weight.shape[0])
+
+
+def test_sampled_slots_are_unbiased_for_the_weighted_loss(target: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 3 * B, 32, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, head_vocab(target), (2, 3, B - 1), generator=g)
+    labels[1, 2, 4:] = IGNORE  # a block cut by the end of its sequence
+    head = target.get_output_embeddings()
+    full, _ = dflash_loss(hidden, labels, head, gamma=2.0)
+    draws = torch.stack([dflash_loss(hidden, labels, head, gamma=2.0, sample_slots=g)[0] for _ in range(2000)])
+    stderr = draws.std() / 2000 ** 0.5
+    assert abs(draws.mean() - full) < 4 * stderr + 1e-9  # the same loss in expectation
+    assert draws.std() > 0  # and really a random subset
+    _, acc = dflash_loss(hidden, labels, head, gamma=0.05, sample_slots=g)
+    assert not torch.isnan(acc[0]) and torch.isnan(acc[1:]).all()  # w_1 = 1, w_k>1 ~ 0
+
+
 def test_optimizer_steps_reduce_loss_on_a_fixed_batch(target: torch.nn.Module) -> None:
     trainer = Trainer(target, _drafter(target), _data(target), TrainSettings(lr=1e-2, warmup_steps=1))
     batch = trainer.batch(0)
@@ -208,3 +227,33 @@ def test_shipped_drafter_folder_is_small_and_zlab_shaped() -> None:
     assert drafter.fc.weight.dtype == torch.bfloat16
     assert (folder / "model.safetensors").stat().st_size < 50 * 2**20
     assert (folder / "README.md").is_file()
+
+
+def _write_folder(path, data: Sequences, layer_ids: list[int], prompts: list[str]) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "meta.json").write_text(json.dumps({"layer_ids": layer_ids}))
+    (path / "prompts.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in prompts))
+    save_file({"input_ids": data.input_ids.int(), "offsets": data.offsets, "prompt_lens": data.prompt_lens,
+               "features": data.features.contiguous()}, str(path / "shard_00000.safetensors"))
+
+
+def test_several_data_folders_train_together(target: torch.nn.Module, tmp_path) -> None:
+    from sglang_reanchor.train.data import load_sequences, prompt_texts
+
+    a, b = _data(target, n=3, seed=1), _data(target, n=4, seed=2)
+    _write_folder(tmp_path / "a", a, [1, 2], ["x", "y"])
+    _write_folder(tmp_path / "b", b, [1, 2], ["z"])
+    both = load_sequences(tmp_path / "a", tmp_path / "b")
+    assert len(both) == 7
+    for i in range(7):
+        src, j = (a, i) if i < 3 else (b, i - 3)
+        for got, want in zip(both.get(i), src.get(j), strict=True):
+            assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+    assert prompt_texts(tmp_path / "a") == {"x", "y"}
+    _write_folder(tmp_path / "c", b, [1, 3], ["w"])
+    with pytest.raises(ValueError, match="layer_ids"):
+        load_sequences(tmp_path / "a", tmp_path / "c")

@@ -8,6 +8,8 @@ Three commands (defaults train the shipped SmolLM2-135M-Instruct drafter)::
     # 2. train (resumable with --resume; validation tau every --eval-every steps)
     python -m sglang_reanchor.train fit --data /work/train_work/data \\
         --out /work/train_work/run --minutes 60
+    # (more data: a further folder of prompts the first did not use, then --data A B)
+    python -m sglang_reanchor.train data --out B --exclude A --per-domain 450 --num-val 0
     # 3. z-lab folder (config.json + model.safetensors, bfloat16)
     python -m sglang_reanchor.train export --ckpt /work/train_work/run/ckpt.pt \\
         --out sglang_reanchor/assets/smollm2-135m-dflash-b16
@@ -36,13 +38,20 @@ DEFAULT_MASK_TOKEN = "<empty_output>"
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
-    from .data import build_dataset
+    from .data import build_dataset, prompt_texts
     from .prompts import build_prompts
 
     torch.manual_seed(args.seed)
     model, tok = load_target(args.target)
     layer_ids = _layer_ids(args.layers, model.config.num_hidden_layers, args.num_feature_layers)
     prompts = build_prompts(args.seed, args.per_domain)  # raises if any overlaps an eval set
+    if args.exclude:  # a further folder: only prompts none of the given folders used
+        seen = set().union(*(prompt_texts(d) for d in args.exclude))
+        prompts = [p for p in prompts if p.text not in seen]
+    if args.max_prompts is not None:
+        prompts = prompts[: args.max_prompts]
+    if len(prompts) <= args.num_val:
+        raise SystemExit(f"data: {len(prompts)} prompts left, need more than --num-val {args.num_val}")
     start = time.time()
     out = build_dataset(model, tok, prompts, args.out, layer_ids=layer_ids,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
@@ -56,7 +65,7 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     from .trainer import TrainSettings, fit
 
     model, tok = load_target(args.target, dtype=torch.float32)
-    meta = json.loads((Path(args.data) / "meta.json").read_text())
+    meta = json.loads((Path(args.data[0]) / "meta.json").read_text())
     mask_id = args.mask_token_id
     if mask_id is None:
         mask_id = tok.convert_tokens_to_ids(DEFAULT_MASK_TOKEN)
@@ -66,6 +75,7 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     settings = TrainSettings(
         lr=args.lr, warmup_steps=args.warmup, total_steps=args.steps, minutes=args.minutes,
         batch_seqs=args.batch_seqs, anchors_per_seq=args.anchors, gamma=args.gamma,
+        sample_slots=not args.all_slots,
         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed,
         val_max_new_tokens=args.val_tokens, val_prompts=args.val_prompts, init_from_target=not args.random_init)
     fit(model, tok, config, args.data, args.out, settings, resume=args.resume)
@@ -93,7 +103,11 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--out", required=True)
     d.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
     d.add_argument("--per-domain", type=int, default=200, help="prompts per domain (chat/code/math/general)")
-    d.add_argument("--num-val", type=int, default=16, help="held-out validation prompts")
+    d.add_argument("--num-val", type=int, default=16, help="held-out validation prompts (may be 0 "
+                   "for a further folder)")
+    d.add_argument("--exclude", action="append", default=[], metavar="DIR",
+                   help="skip prompts already used by this data folder (repeatable)")
+    d.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts")
     d.add_argument("--max-new-tokens", type=int, default=192)
     d.add_argument("--batch-size", type=int, default=128)
     d.add_argument("--layers", default=None, help="target layer ids, e.g. 1,10,18,27")
@@ -102,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     d.set_defaults(func=_cmd_data)
 
     f = sub.add_parser("fit", help="train a drafter on a `data` folder")
-    f.add_argument("--data", required=True)
+    f.add_argument("--data", required=True, nargs="+", help="one or more `data` folders (the first "
+                   "holds the validation prompts)")
     f.add_argument("--out", required=True)
     f.add_argument("--target", default=None)
     f.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
@@ -117,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--batch-seqs", type=int, default=4)
     f.add_argument("--anchors", type=int, default=16, help="anchors per sequence per step")
     f.add_argument("--gamma", type=float, default=7.0, help="loss weight exp(-(k-1)/gamma)")
+    f.add_argument("--all-slots", action="store_true", help="score every slot with weight w_k instead "
+                   "of sampling slot k with probability w_k (same loss in expectation, ~2x the lm_head work)")
     f.add_argument("--eval-every", type=int, default=200)
     f.add_argument("--save-every", type=int, default=50)
     f.add_argument("--val-tokens", type=int, default=64, help="new tokens per validation prompt")

@@ -17,7 +17,9 @@ tokens (``N = sum T_i``):
 - ``features``: ``[N, K*H]`` bfloat16.
 
 A shard is written atomically once its batch is done, so an interrupted build resumes
-where it stopped (existing shards are skipped).
+where it stopped (existing shards are skipped). Several folders train together
+(`load_sequences` takes many); ``data --exclude A`` builds a further one from prompts
+not in ``A``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .prompts import Prompt
 
-__all__ = ["Sequences", "build_dataset", "chat_ids", "load_sequences", "target_features"]
+__all__ = ["Sequences", "build_dataset", "chat_ids", "load_sequences", "prompt_texts", "target_features"]
 
 
 @dataclass
@@ -152,11 +154,19 @@ def _as_list(x: int | list[int] | None) -> list[int]:
     return [] if x is None else ([x] if isinstance(x, int) else list(x))
 
 
-def load_sequences(data_dir: str | Path) -> Sequences:
-    """Concatenate every shard of ``data_dir`` (in name order) into one `Sequences`."""
-    shards = sorted(Path(data_dir).glob("shard_*.safetensors"))
+def load_sequences(*data_dirs: str | Path) -> Sequences:
+    """Concatenate every shard of each of ``data_dirs`` (dirs in the order given, shards
+    in name order) into one `Sequences`; the dirs must share ``meta.json["layer_ids"]``."""
+    if not data_dirs:
+        raise ValueError("load_sequences: give at least one data folder")
+    layer_ids = [json.loads((Path(d) / "meta.json").read_text())["layer_ids"] for d in data_dirs]
+    if any(ids != layer_ids[0] for ids in layer_ids):
+        raise ValueError(f"data folders {list(map(str, data_dirs))} cache different target layers "
+                         f"(meta.json layer_ids {layer_ids}); their features cannot be mixed")
+    shards = [path for d in data_dirs for path in sorted(Path(d).glob("shard_*.safetensors"))]
     if not shards:
-        raise FileNotFoundError(f"{data_dir}: no shard_*.safetensors (run the `data` command first)")
+        raise FileNotFoundError(f"{list(map(str, data_dirs))}: no shard_*.safetensors "
+                                "(run the `data` command first)")
     ids, offs, plens, feats, base = [], [torch.zeros(1, dtype=torch.long)], [], [], 0
     for path in shards:
         s = load_file(str(path))
@@ -166,3 +176,13 @@ def load_sequences(data_dir: str | Path) -> Sequences:
         plens.append(s["prompt_lens"])
         feats.append(s["features"])
     return Sequences(torch.cat(ids), torch.cat(offs), torch.cat(plens), torch.cat(feats))
+
+
+def prompt_texts(data_dir: str | Path) -> set[str]:
+    """Texts of every prompt (training and held-out) a data folder was built from."""
+    texts: set[str] = set()
+    for name in ("prompts.jsonl", "val_prompts.jsonl"):
+        path = Path(data_dir) / name
+        if path.exists():
+            texts |= {json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()}
+    return texts
