@@ -17,7 +17,7 @@ Vocabulary (DESIGN.md §3; ReAnchor, Lee et al., Oct 2026; DFlash, z-lab):
   deepest subtree), whose tokens, target features and target top-1 predictions
   are stored for the next round.
 
-The core (`config`, `tree`, `verify`, `sampling`, `suffix`) is pure torch. The
+The core (`config`, `tree`, `verify`, `sampling`, `suffix`, `budget`) is pure torch. The
 reference engine (`engine`) runs on Hugging Face models; `srt` plugs into SGLang
 and is imported lazily.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .budget import BudgetPolicy
 from .config import ReAnchorConfig
 from .sampling import SamplingParams
 from .suffix import RejectedSuffix, SuffixStore
@@ -43,6 +44,7 @@ _LAZY = {
 
 __all__ = [
     "Acceptance",
+    "BudgetPolicy",
     "DFlashConfig",
     "DFlashDrafter",
     "DraftTree",

@@ -264,10 +264,20 @@ def test_cost_profile_curve_and_defaults(pair, tmp_path):
     cfg = cost.profile_config(tmp_path / "p.json")
     assert cfg.node_budget == prof.defaults["node_budget"] and list(cfg.offsets) == prof.defaults["offsets"]
     assert "verify ms" in cost.cost_markdown(prof, curve)
+    # the same profile drives the run-time budget ("reanchor:node_budget=auto")
+    auto = parse_methods(["dflash", "reanchor:offsets=1/2,node_budget=auto"])
+    with pytest.raises(ValueError, match="needs a cost profile"):
+        Runner(target, drafter, auto, ReAnchorConfig(), _codec, str, BenchSettings(max_new_tokens=10))
+    settings = BenchSettings(max_new_tokens=10, warmup=False)
+    runner = Runner(target, drafter, auto, ReAnchorConfig(), _codec, str, settings, profile=prof)
+    policy = runner.generators[auto[1].label].budget_policy
+    assert policy is not None and policy.fixed_seconds == pytest.approx(prof.draft(3) + prof.overhead_s)
+    recs = runner.run([Sample("d", "0", ("x",))])
+    assert len({r.tokens for r in recs}) == 1  # same output
 
 
-def test_interp_and_cli_defaults():
-    assert cost._interp({1: 1.0, 3: 3.0}, 2) == 2.0 and cost._interp({1: 1.0, 3: 3.0}, 5) == 5.0
+def test_cli_defaults():
+    assert cost.interpolate({1: 1.0, 3: 3.0}, 2) == 2.0
     args = parse_args(["--limit", "2", "--out", "x", "--methods", "target", "reanchor:policy=random"])
     assert args.command == "run" and args.limit == 2 and args.methods == ["target", "reanchor:policy=random"]
     assert parse_args(["cost", "--out", "y"]).command == "cost"

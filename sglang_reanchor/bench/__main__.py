@@ -69,7 +69,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--ablations", action="store_true", help="add the Table 4/6/7 variants")
     run.add_argument("--diagnostic", type=int, default=0, help="samples per dataset for the Table 8 pass")
     run.add_argument("--no-trace", action="store_true", help="skip per-round analysis (Tables 1, 5)")
-    run.add_argument("--profile", type=Path, default=None, help="cost_profile.json whose defaults to use")
+    run.add_argument("--profile", type=Path, default=None,
+                     help="cost_profile.json: its chosen defaults become the base config, and "
+                     "reanchor:node_budget=auto methods choose budgets with its cost curve")
     run.add_argument("--offsets", default=None, help="base ReAnchor offsets, e.g. 1/2/3")
     run.add_argument("--node-budget", type=int, default=None)
     c = sub.add_parser("cost", help="cost curve and defaults")
@@ -155,7 +157,9 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     samples = load_samples(args)
     target, drafter, tokenizer, provenance = load_pair(args)
     encode, decode = _codecs(tokenizer)
-    runner = Runner(target, drafter, specs, base, encode, decode, _settings(args, args.diagnostic, not args.no_trace))
+    profile = cost_mod.CostProfile.load(args.profile) if args.profile else None
+    runner = Runner(target, drafter, specs, base, encode, decode, _settings(args, args.diagnostic, not args.no_trace),
+                    profile=profile)
     print(f"drafter: {provenance}\nbase config: {base}\n{len(samples)} samples x {len(specs)} methods", flush=True)
     records = runner.run(samples)
     meta = _meta(args, argv, provenance, base)

@@ -16,7 +16,9 @@ nodes are numbered parents first, so a smaller budget keeps exactly the
 accepted nodes with id < budget (`analysis.budget_taus`).
 
 `CostProfile` is saved as JSON (``python -m sglang_reanchor.bench cost``);
-`profile_config` turns its chosen defaults into a `ReAnchorConfig`.
+`profile_config` turns its chosen defaults into a `ReAnchorConfig`, and
+``CostProfile.budget_policy`` into the run-time budget chooser
+(`sglang_reanchor.budget`: ``reanchor:node_budget=auto`` in the benchmark).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ..budget import BudgetPolicy, interpolate
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, draft_blocks
 from ..engine import TargetModel
@@ -39,17 +42,6 @@ __all__ = ["CostProfile", "measure_profile", "budget_curve", "choose_defaults", 
 
 VERIFY_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128)
 DRAFT_ROWS: tuple[int, ...] = (1, 2, 3, 4, 5, 7)
-
-
-def _interp(table: dict[int, float], x: float) -> float:
-    """Piecewise-linear interpolation of ``table`` at ``x`` (linear extrapolation past the ends)."""
-    xs = sorted(table)
-    if len(xs) == 1:
-        return table[xs[0]]
-    lo = max([k for k in xs if k <= x], default=xs[0])
-    i = xs.index(lo)
-    a, b = (xs[i], xs[i + 1]) if i + 1 < len(xs) else (xs[-2], xs[-1])
-    return table[a] + (table[b] - table[a]) * (x - a) / (b - a)
 
 
 @dataclass
@@ -65,13 +57,21 @@ class CostProfile:
     machine: str = ""
 
     def verify(self, nodes: float) -> float:
-        return _interp(self.verify_s, nodes)
+        return interpolate(self.verify_s, nodes)
 
     def draft(self, rows: float) -> float:
-        return _interp(self.draft_s, rows)
+        return interpolate(self.draft_s, rows)
 
     def round_seconds(self, nodes: float, rows: float) -> float:
         return self.verify(nodes) + self.draft(rows) + self.overhead_s
+
+    def budget_policy(self, offsets: Sequence[int], **kwargs: object) -> BudgetPolicy:
+        """The run-time budget chooser (`sglang_reanchor.budget`) for ReAnchor with
+        ``offsets``: measured verify curve, drafter forward over ``1 + |offsets|``
+        blocks plus the per-round overhead as the fixed part. ``kwargs`` go to
+        `BudgetPolicy` (``candidates``, ``explore_every``, ``decay``)."""
+        return BudgetPolicy(verify_seconds=dict(self.verify_s),
+                            fixed_seconds=self.draft(1 + len(offsets)) + self.overhead_s, **kwargs)  # type: ignore[arg-type]
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")

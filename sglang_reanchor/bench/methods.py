@@ -2,14 +2,18 @@
 
 A spec is ``METHOD[:KEY=VALUE,KEY=VALUE...]`` with ``METHOD`` one of ``target``,
 ``dflash``, ``reanchor``; keys are `ReAnchorConfig` fields; ``offsets`` takes
-``/``-separated ints (``reanchor:offsets=1/2,node_budget=32``). The spec string
-is the method's label in every table. `ABLATIONS` are the paper's Tables 4, 6 and 7.
+``/``-separated ints (``reanchor:offsets=1/2,node_budget=32``);
+``node_budget=auto`` picks each round's budget at run time from a measured cost
+model (`sglang_reanchor.budget`; needs ``--profile``). The spec string is the
+method's label in every table. `ABLATIONS` are the paper's Tables 4, 6 and 7.
 
 >>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
 >>> spec.method, spec.changes
 ('reanchor', {'policy': 'offset', 'offsets': (1, 2)})
 >>> spec.config(ReAnchorConfig()).offsets
 (1, 2)
+>>> MethodSpec.parse("reanchor:node_budget=auto").auto_budget
+True
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class MethodSpec:
     label: str
     method: str
     changes: dict[str, object] = field(default_factory=dict)
+    auto_budget: bool = False  # node_budget=auto: chosen per round from a cost profile
 
     @staticmethod
     def parse(text: str) -> MethodSpec:
@@ -47,14 +52,18 @@ class MethodSpec:
             raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}")
         allowed = {f.name for f in fields(ReAnchorConfig)}
         changes: dict[str, object] = {}
+        auto = False
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             if not eq or key not in allowed:
                 raise ValueError(f"method spec {text!r}: expected KEY=VALUE with KEY in {', '.join(sorted(allowed))}")
+            if key == "node_budget" and value == "auto":
+                auto = True
+                continue
             changes[key] = _convert(key, value)
-        if changes and method != "reanchor":
+        if (changes or auto) and method != "reanchor":
             raise ValueError(f"method spec {text!r}: only 'reanchor' takes config changes")
-        return MethodSpec(label=text, method=method, changes=changes)
+        return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto)
 
     def config(self, base: ReAnchorConfig) -> ReAnchorConfig:
         """``base`` with this spec's changes (validated by `ReAnchorConfig`)."""

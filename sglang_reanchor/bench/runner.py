@@ -25,6 +25,7 @@ from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter
 from ..engine import GenerationResult, SpeculativeGenerator
 from . import analysis
+from .cost import CostProfile
 from .datasets import Sample
 from .methods import MethodSpec
 from .metrics import Record
@@ -63,15 +64,26 @@ class Runner:
         ReAnchor config the specs' changes apply to.
     encode, decode:
         Chat messages -> prompt token ids (chat template applied); new ids -> text.
+    profile:
+        Measured costs; required by ``node_budget=auto`` specs (their budget policy).
     """
 
     def __init__(self, target: torch.nn.Module, drafter: DFlashDrafter, specs: Sequence[MethodSpec],
-                 base_config: ReAnchorConfig, encode: Encode, decode: Decode, settings: BenchSettings) -> None:
+                 base_config: ReAnchorConfig, encode: Encode, decode: Decode, settings: BenchSettings,
+                 profile: CostProfile | None = None) -> None:
         if not specs:
             raise ValueError("at least one method is needed")
         self.specs = list(specs)
         self.encode, self.decode, self.settings = encode, decode, settings
-        self.generators = {s.label: SpeculativeGenerator(target, drafter, s.config(base_config)) for s in specs}
+        self.generators = {}
+        for s in specs:
+            config, policy = s.config(base_config), None
+            if s.auto_budget:
+                if profile is None:
+                    raise ValueError(f"method {s.label!r}: node_budget=auto needs a cost profile "
+                                     "(--profile cost_profile.json, from `python -m sglang_reanchor.bench cost`)")
+                policy = profile.budget_policy(config.offsets)
+            self.generators[s.label] = SpeculativeGenerator(target, drafter, config, budget_policy=policy)
         self.diagnostic = analysis.DiagnosticGenerator(target, drafter, base_config)
 
     def run(self, samples: Sequence[Sample], desc: str = "bench") -> list[Record]:

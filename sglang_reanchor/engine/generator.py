@@ -10,6 +10,10 @@ block verified as a chain) and ``"reanchor"`` (baseline plus shifted blocks,
 verified as a tree). All three emit exactly the target's tokens at T=0 and the
 target's distribution at T>0; only the speed differs.
 
+With a `BudgetPolicy` (``budget_policy=``), ReAnchor picks each round's node budget
+from a measured cost model and the request's own acceptance so far
+(`sglang_reanchor.budget`) instead of ``config.node_budget``.
+
 ``generate(..., trace=True)`` also records every verify round (`RoundTrace`: the
 tree, the drafted blocks, the target's top-1 at every node, the accepted path) for
 the benchmark's analyses (`sglang_reanchor.bench.analysis`); off by default, when
@@ -28,6 +32,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..budget import BudgetPolicy
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, draft_blocks
 from ..sampling import SamplingParams, sample_tokens
@@ -130,6 +135,9 @@ class SpeculativeGenerator:
         ReAnchor settings (offsets, attachment policy, node budget, ...).
     tokenizer:
         Optional; exposed as ``.tokenizer`` for users and the demo.
+    budget_policy:
+        Optional; ReAnchor then chooses each round's node budget with it
+        (`sglang_reanchor.budget`), overriding ``config.node_budget``.
     """
 
     def __init__(
@@ -138,12 +146,14 @@ class SpeculativeGenerator:
         drafter: DFlashDrafter,
         config: ReAnchorConfig | None = None,
         tokenizer: object | None = None,
+        budget_policy: BudgetPolicy | None = None,
     ) -> None:
         drafter.validate_target(target.config)
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
         self.drafter = drafter.to(device=self.target.device).eval()
         self.config = config or ReAnchorConfig()
         self.tokenizer = tokenizer
+        self.budget_policy = budget_policy
         self.suffixes = SuffixStore(max_len=self.config.max_offset, max_requests=self.config.max_requests)
         self._tree_rng = torch.Generator().manual_seed(self.config.seed)
         self._eos = self._eos_ids()
@@ -220,15 +230,17 @@ class SpeculativeGenerator:
         req = self._prefill(prompt, params, rng, request_id, with_drafter=method != "target")
         out, taus, sizes, shifted_hits = [req.bonus], [], [], []
         rounds: list[RoundTrace] | None = [] if trace else None
+        budget = self.budget_policy.start() if self.budget_policy and method == "reanchor" else None
         t1 = time.perf_counter()
         while not self._finished(out, max_new):
             if method == "target":
                 out.append(self._decode_one(req, params, rng))
                 continue
-            tree, draft = self._propose(req, shifted=method == "reanchor")  # one drafter forward
-            verified = self.target.forward(  # one target forward over every node
-                tree.tokens, tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device)), req.cache, tree.ancestor_mask()[0]
-            )
+            node_budget = budget.next_budget() if budget else self.config.node_budget
+            # one drafter forward, then one target forward over every node
+            tree, draft = self._propose(req, shifted=method == "reanchor", node_budget=node_budget)
+            positions = tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device))
+            verified = self.target.forward(tree.tokens, positions, req.cache, tree.ancestor_mask()[0])
             acc = verify_tree(tree, verified.logits, params, rng)
             if rounds is not None:
                 rounds.append(_trace_round(req.seq_len, tree, draft, acc, verified.logits))
@@ -238,6 +250,8 @@ class SpeculativeGenerator:
             sizes.append(int(tree.num_nodes[0]))
             path = acc.accepted_nodes[0, : taus[-1]]
             shifted_hits.append(int((tree.source_row[0, path] > 0).sum()))
+            if budget:
+                budget.observe(path, node_budget, sizes[-1])
         tokens, reason = self._truncate(out, max_new)
         return GenerationResult(
             tokens=tokens,
@@ -277,8 +291,9 @@ class SpeculativeGenerator:
         req.bonus = int(sample_tokens(out.logits[:, -1], params, rng)[0])
         return req.bonus
 
-    def _propose(self, req: _Request, *, shifted: bool) -> tuple[DraftTree, _Draft]:
-        """Draft the baseline block (and, for ReAnchor, the shifted blocks) in one forward."""
+    def _propose(self, req: _Request, *, shifted: bool, node_budget: int) -> tuple[DraftTree, _Draft]:
+        """Draft the baseline block (and, for ReAnchor, the shifted blocks) in one forward;
+        ReAnchor's tree keeps at most ``node_budget`` nodes."""
         s, dev = req.seq_len, self.target.device
         suffix = self.suffixes.get(req.id) if shifted else None
         length = len(suffix) if suffix is not None else 0
@@ -297,18 +312,19 @@ class SpeculativeGenerator:
         )  # [1, 1 + R, B]
         rejected = suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long, device=dev)
         draft = _Draft(blocks=blocks, offsets=offsets, rejected_tokens=rejected)
-        return (self._build_tree(draft) if shifted else DraftTree.chain(blocks[:, 0])), draft
+        return (self._build_tree(draft, node_budget) if shifted else DraftTree.chain(blocks[:, 0])), draft
 
-    def _build_tree(self, draft: _Draft) -> DraftTree:
+    def _build_tree(self, draft: _Draft, node_budget: int) -> DraftTree:
         """Attach the shifted rows to the baseline chain (``self.config``'s policy)."""
         dev = draft.blocks.device
+        config = self.config if node_budget == self.config.node_budget else self.config.replace(node_budget=node_budget)
         return build_draft_tree(
             draft.blocks[:, 0],
             draft.blocks[:, 1:],
             offsets=torch.tensor(draft.offsets, dtype=torch.long, device=dev),
             row_valid=torch.ones(1, len(draft.offsets), dtype=torch.bool, device=dev),
             rejected_tokens=draft.rejected_tokens,
-            config=self.config,
+            config=config,
             generator=self._tree_rng,
         )
 

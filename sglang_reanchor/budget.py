@@ -1,0 +1,127 @@
+"""Run-time node budget: each round verifies the tree size with the best expected tokens/s.
+
+A round that verifies ``b`` tree nodes yields ``tau(b)`` tokens and costs
+``verify(b) + fixed`` seconds (``fixed``: the drafter forward and the rest of the
+round). On a GPU ``verify`` is nearly flat up to ~64 nodes; on a CPU it grows with
+``b``, so the best budget depends on the machine *and* on how well the drafter is
+doing on this request. `BudgetPolicy` holds the measured cost curve
+(``python -m sglang_reanchor.bench cost`` measures it; ``CostProfile.budget_policy``
+builds the policy); `BudgetState` is one request's running estimate of ``tau(b)``
+for each candidate ``b`` and picks ``argmax_b tau(b) / (verify(b) + fixed)``
+before every round.
+
+``tau(b)`` is known without verifying ``b`` nodes: tree nodes are numbered parents
+first and a budget keeps the lowest ids (`tree.build_draft_tree`), so a round
+verified with budget ``B`` tells what every ``b <= B`` would have accepted: the
+nodes of its accepted path with id ``< b`` (exact at T = 0, where acceptance
+follows the target's argmax). Larger candidates are seen in exploration rounds:
+the first round and every ``explore_every``-th verify the largest candidate.
+Estimates are exponential moving averages, so the choice follows a request whose
+text gets easier or harder to draft. The budget decides how many nodes are
+verified, never which token is accepted: the output is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+__all__ = ["BudgetPolicy", "BudgetState", "interpolate"]
+
+
+def interpolate(table: Mapping[int, float], x: float) -> float:
+    """Piecewise-linear interpolation of ``table`` at ``x`` (linear extrapolation past the ends)."""
+    xs = sorted(table)
+    if not xs:
+        raise ValueError("interpolate: empty table")
+    if len(xs) == 1:
+        return table[xs[0]]
+    lo = max([k for k in xs if k <= x], default=xs[0])
+    i = xs.index(lo)
+    a, b = (xs[i], xs[i + 1]) if i + 1 < len(xs) else (xs[-2], xs[-1])
+    return table[a] + (table[b] - table[a]) * (x - a) / (b - a)
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """Measured costs and the candidate budgets (see the module docstring).
+
+    Parameters
+    ----------
+    verify_seconds:
+        Tree nodes -> seconds of one target forward over that many nodes
+        (interpolated between the measured sizes).
+    fixed_seconds:
+        Seconds per round that do not depend on the budget (drafter forward, tree,
+        acceptance, cache updates).
+    candidates:
+        Budgets to choose from (>= 1, any order).
+    explore_every:
+        Every this many rounds, verify the largest candidate to keep its estimate fresh.
+    decay:
+        Weight of the old estimate in the moving average, in ``[0, 1)``.
+    """
+
+    verify_seconds: Mapping[int, float]
+    fixed_seconds: float = 0.0
+    candidates: tuple[int, ...] = (8, 16, 24, 32, 48, 64)
+    explore_every: int = 8
+    decay: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not self.verify_seconds or any(float(s) <= 0 for s in self.verify_seconds.values()):
+            raise ValueError(f"BudgetPolicy.verify_seconds must map node counts to seconds > 0, "
+                             f"got {dict(self.verify_seconds)!r}")
+        cands = tuple(sorted(set(self.candidates)))
+        if not cands or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in cands):
+            raise ValueError(f"BudgetPolicy.candidates must be ints >= 1, got {self.candidates!r}")
+        object.__setattr__(self, "candidates", cands)
+        if self.fixed_seconds < 0:
+            raise ValueError(f"BudgetPolicy.fixed_seconds must be >= 0, got {self.fixed_seconds!r}")
+        if isinstance(self.explore_every, bool) or not isinstance(self.explore_every, int) or self.explore_every < 1:
+            raise ValueError(f"BudgetPolicy.explore_every must be an int >= 1, got {self.explore_every!r}")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"BudgetPolicy.decay must be in [0, 1), got {self.decay!r}")
+
+    def round_seconds(self, nodes: float) -> float:
+        """Predicted seconds of a round that verifies ``nodes`` tree nodes."""
+        return interpolate(self.verify_seconds, nodes) + self.fixed_seconds
+
+    def start(self) -> BudgetState:
+        """A fresh per-request state."""
+        return BudgetState(self)
+
+
+@dataclass
+class BudgetState:
+    """One request's estimates of ``tau(b)`` and of the nodes ``b`` would verify."""
+
+    policy: BudgetPolicy
+    tau: dict[int, float] = field(default_factory=dict)  # candidate -> moving-average tau
+    nodes: dict[int, float] = field(default_factory=dict)  # candidate -> moving-average tree size
+    rounds: int = 0
+
+    def next_budget(self) -> int:
+        """The budget for the coming round."""
+        p = self.policy
+        if self.rounds % p.explore_every == 0 or len(self.tau) < len(p.candidates):
+            return p.candidates[-1]
+        # ties go to the smaller budget (max keeps the first of equal keys)
+        return max(p.candidates, key=lambda b: self.tau[b] / p.round_seconds(self.nodes[b]))
+
+    def observe(self, accepted_nodes: Tensor, budget: int, num_nodes: int) -> None:
+        """Record a round verified with ``budget``: ``accepted_nodes`` ``[t]`` are the node
+        ids of its accepted path, root (id 0) included (``tau = t``); ``num_nodes`` the
+        nodes it verified (fewer than ``budget`` when the tree was smaller)."""
+        self.rounds += 1
+        for b in self.policy.candidates:
+            if b > budget:
+                break
+            self._update(self.tau, b, float((accepted_nodes < b).sum()))
+            self._update(self.nodes, b, float(min(b, num_nodes)))
+
+    def _update(self, table: dict[int, float], key: int, value: float) -> None:
+        old = table.get(key)
+        table[key] = value if old is None else self.policy.decay * old + (1 - self.policy.decay) * value
