@@ -247,6 +247,18 @@ def test_end_to_end_tiny_bench(pair, tmp_path):
     assert set(data["summary"]) == {"one", "chat", "all"} and data["summary"]["one"]["target"]["speedup"] == 1.0
     assert data["analysis"]["all"]["table5_alignment"]["rows"] > 0
     assert len(data["records"]) == len(records)
+    # a run split in two (by dataset) merges into the same summary
+    from sglang_reanchor.bench.__main__ import main
+
+    for name, keep in (("p", "one"), ("q", "chat")):
+        write_report(tmp_path / name, [r for r in records if r.dataset == keep], {"command": f"run {keep}"})
+    assert main(["merge", str(tmp_path / "p/results.json"), str(tmp_path / "q/results.json"),
+                 "--out", str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m/results.json").read_text())
+    assert merged["summary"] == data["summary"] and "run one\nrun chat" in merged["meta"]["command"]
+    write_report(tmp_path / "r", [r for r in records if r.method != "dflash"], {})
+    with pytest.raises(SystemExit, match="different methods"):
+        main(["merge", str(tmp_path / "p/results.json"), str(tmp_path / "r/results.json"), "--out", str(tmp_path / "x")])
 
 
 def test_cost_profile_curve_and_defaults(pair, tmp_path):

@@ -13,6 +13,12 @@ predicts tokens/s per (offsets, node budget) and writes ``cost_profile.json``
 (load it with ``run --profile``), ``cost.md`` and ``cost_curve.png``::
 
     python -m sglang_reanchor.bench cost --out results/cost
+
+``merge`` joins the ``results.json`` of runs split across processes (e.g. one per
+dataset, same methods and settings) into one report::
+
+    python -m sglang_reanchor.bench merge results/a/results.json results/b/results.json \
+        --out results/bench
 """
 
 from __future__ import annotations
@@ -82,7 +88,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     c.add_argument("--sweep-budget", type=int, default=128)
     c.add_argument("--sweep-records", type=Path, default=None,
                    help="reuse the records of an earlier sweep (its sweep/results.json) instead of running one")
-    if not argv or argv[0] not in ("run", "cost", "-h", "--help"):
+    m = sub.add_parser("merge", help="one report from the results.json of split runs")
+    m.add_argument("inputs", nargs="+", type=Path, help="results.json files (same methods and settings)")
+    m.add_argument("--out", type=Path, required=True)
+    if not argv or argv[0] not in ("run", "cost", "merge", "-h", "--help"):
         argv = ["run", *argv]
     return parser.parse_args(argv)
 
@@ -198,10 +207,26 @@ def cmd_cost(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace, argv: list[str]) -> int:
+    runs = [json.loads(path.read_text()) for path in args.inputs]
+    methods = [sorted({r["method"] for r in run["records"]} - {"diagnostic"}) for run in runs]
+    if any(m != methods[0] for m in methods):
+        raise SystemExit(f"merge: the runs compare different methods: {methods}")
+    records = [Record(**r) for run in runs for r in run["records"]]
+    metas = [run["meta"] for run in runs]
+    meta = {**metas[0], "command": "\n".join(m.get("command", "") for m in metas)
+            + "\npython -m sglang_reanchor.bench " + shlex.join(argv),
+            "description": metas[0].get("description", "") + f" Merged from {len(runs)} runs (commands below)."}
+    paths = write_report(args.out, records, meta)
+    print(paths["markdown"].read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    return cmd_cost(args, argv) if args.command == "cost" else cmd_run(args, argv)
+    commands = {"cost": cmd_cost, "merge": cmd_merge}
+    return commands.get(args.command, cmd_run)(args, argv)
 
 
 if __name__ == "__main__":
