@@ -258,7 +258,8 @@ def test_end_to_end_tiny_bench(pair, tmp_path):
     assert merged["summary"] == data["summary"] and "run one\nrun chat" in merged["meta"]["command"]
     write_report(tmp_path / "r", [r for r in records if r.method != "dflash"], {})
     with pytest.raises(SystemExit, match="different methods"):
-        main(["merge", str(tmp_path / "p/results.json"), str(tmp_path / "r/results.json"), "--out", str(tmp_path / "x")])
+        main(["merge", str(tmp_path / "p/results.json"), str(tmp_path / "r/results.json"),
+              "--out", str(tmp_path / "x")])
 
 
 def test_cost_profile_curve_and_defaults(pair, tmp_path):
