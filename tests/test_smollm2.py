@@ -37,3 +37,26 @@ def test_speculative_equals_hf_greedy_on_smollm2(gen, prompt):
     )[0, ids.shape[1]:].tolist()
     for method in ("target", "dflash", "reanchor"):
         assert gen.generate(ids, 40, method=method).tokens == expected, method
+
+
+def test_shipped_drafter_drafts_better_than_an_untrained_one(gen):
+    """Guards the shipped asset: its DFlash acceptance on these (non-training) prompts must
+    clearly beat a randomly initialised drafter of the same shape."""
+    from sglang_reanchor.drafter import DFlashDrafter
+
+    if "shipped" not in gen.drafter.provenance:
+        pytest.skip("no drafter shipped in this build")
+    torch.manual_seed(0)
+    untrained = DFlashDrafter(gen.drafter.config).to(dtype=gen.drafter.fc.weight.dtype)
+    baseline = SpeculativeGenerator(gen.target.model, untrained)
+
+    def mean_tau(g: SpeculativeGenerator) -> float:
+        taus = []
+        for prompt in PROMPTS:
+            ids = gen.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True)["input_ids"]
+            taus.append(g.generate(list(ids), 40, method="dflash").mean_acceptance_length)
+        return sum(taus) / len(taus)
+
+    shipped, random_init = mean_tau(gen), mean_tau(baseline)
+    assert shipped > random_init + 0.1, (shipped, random_init)
