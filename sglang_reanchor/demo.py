@@ -20,6 +20,7 @@ import torch
 
 from .config import ReAnchorConfig
 from .engine import METHODS, GenerationResult, SpeculativeGenerator
+from .runtime import keep_freed_memory
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    keep_freed_memory()  # sglang_reanchor.runtime: no page faults on every step's tensors
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:

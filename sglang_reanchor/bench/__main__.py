@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 
 from ..config import ReAnchorConfig
+from ..precision import cpu_bf16_flags, parse_dtype
+from ..runtime import keep_freed_memory
 from . import cost as cost_mod
 from .datasets import Sample, load_dataset, read_prompts
 from .methods import MethodSpec, parse_methods
@@ -49,7 +51,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", default=None, help="z-lab-format drafter folder (default: the shipped one)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--dtype", default="auto", help="precision of target and drafter: auto (bfloat16 on CUDA "
+                   "and on CPUs with AMX / AVX-512 BF16, else float32), float32, bfloat16")
     p.add_argument("--datasets", nargs="*", default=None, help=f"default: {' '.join(DEFAULT_DATASETS)}")
     p.add_argument("--dataset-file", action="append", default=[], metavar="NAME=PATH",
                    help="read dataset NAME from a local JSONL (math500, mbpp, livecodebench, alpaca, ...)")
@@ -123,7 +127,7 @@ def load_pair(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, device=args.device)
+    target, tokenizer = load_target(args.target, device=args.device, dtype=parse_dtype(args.dtype, args.device))
     if args.drafter is None:
         drafter = default_drafter(target, device=target.device, dtype=target.dtype)
     else:
@@ -153,6 +157,7 @@ def _meta(args: argparse.Namespace, argv: list[str], provenance: str, config: Re
             "target": args.target or "SmolLM2-135M-Instruct (default)", "config": repr(config),
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
             "torch_threads": torch.get_num_threads(), "machine": platform.platform(),
+            "cpu_bf16_flags": list(cpu_bf16_flags()), "dtype_flag": args.dtype,
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
 
 
@@ -225,6 +230,7 @@ def cmd_merge(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    keep_freed_memory()  # the same allocator settings for every method (sglang_reanchor.runtime)
     commands = {"cost": cmd_cost, "merge": cmd_merge}
     return commands.get(args.command, cmd_run)(args, argv)
 

@@ -24,6 +24,7 @@ accepted nodes with id < budget (`analysis.budget_taus`).
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from ..budget import BudgetPolicy, interpolate
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, draft_blocks
 from ..engine import TargetModel
+from ..precision import cpu_bf16_flags
 from .metrics import Record
 
 __all__ = ["CostProfile", "measure_profile", "budget_curve", "choose_defaults", "profile_config"]
@@ -55,6 +57,8 @@ class CostProfile:
     overhead_s: float = 0.0  # per round, besides the two forwards
     defaults: dict[str, object] = field(default_factory=dict)  # chosen ReAnchorConfig fields
     machine: str = ""
+    dtype: str = ""  # precision of target and drafter when measured ("float32", "bfloat16")
+    cpu_bf16_flags: list[str] = field(default_factory=list)  # the CPU's AMX / AVX-512 BF16 flags
 
     def verify(self, nodes: float) -> float:
         return interpolate(self.verify_s, nodes)
@@ -138,7 +142,8 @@ def measure_profile(target: torch.nn.Module, drafter: DFlashDrafter, prefix: int
 
     draft_s = {r: _median_time(lambda r=r: draft(r), repeats) for r in rows}
     return CostProfile(prefix=prefix, verify_s=verify_s, draft_s=draft_s, target_token_s=token_s,
-                       machine=f"{torch.get_num_threads()} torch threads, {dev}")
+                       machine=f"{torch.get_num_threads()} torch threads, {dev}, {platform.processor() or '?'}",
+                       dtype=str(tm.dtype).removeprefix("torch."), cpu_bf16_flags=list(cpu_bf16_flags()))
 
 
 def mean_rows(records: Sequence[Record]) -> float:
@@ -257,7 +262,9 @@ def plot_curve(profile: CostProfile, curve: Sequence[dict[str, float | str]], pa
 def cost_markdown(profile: CostProfile, curve: Sequence[dict[str, float | str]], command: str = "") -> str:
     """The measured cost table and the predicted tokens/s per (spec, budget)."""
     base = profile.verify_s[min(profile.verify_s)]
+    flags = ", ".join(profile.cpu_bf16_flags) or "none"
     lines = [f"# Cost model ({profile.machine}, prefix {profile.prefix})\n",
+             f"Precision: {profile.dtype or '?'}; CPU bfloat16 matrix flags: {flags}.\n",
              "| tree nodes | verify ms | relative to 1 node |", "|---|---|---|"]
     lines += [f"| {n} | {1e3 * s:.1f} | {s / base:.2f} |" for n, s in sorted(profile.verify_s.items())]
     lines += ["", "| drafter blocks (1+|D|) | draft ms |", "|---|---|"]

@@ -4,8 +4,11 @@ A spec is ``METHOD[:KEY=VALUE,KEY=VALUE...]`` with ``METHOD`` one of ``target``,
 ``dflash``, ``reanchor``; keys are `ReAnchorConfig` fields; ``offsets`` takes
 ``/``-separated ints (``reanchor:offsets=1/2,node_budget=32``);
 ``node_budget=auto`` picks each round's budget at run time from a measured cost
-model (`sglang_reanchor.budget`; needs ``--profile``). The spec string is the
-method's label in every table. `ABLATIONS` are the paper's Tables 4, 6 and 7.
+model (`sglang_reanchor.budget`; needs ``--profile``); ``dtype=float32`` (or
+``bfloat16``) runs that method's target and drafter in another precision than the
+run's ``--dtype`` (any method; e.g. ``target:dtype=bfloat16`` measures plain decoding
+in both). The spec string is the method's label in every table. `ABLATIONS` are the
+paper's Tables 4, 6 and 7.
 
 >>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
 >>> spec.method, spec.changes
@@ -14,6 +17,8 @@ method's label in every table. `ABLATIONS` are the paper's Tables 4, 6 and 7.
 (1, 2)
 >>> MethodSpec.parse("reanchor:node_budget=auto").auto_budget
 True
+>>> MethodSpec.parse("target:dtype=bfloat16").dtype
+'bfloat16'
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field, fields
 from ..config import ReAnchorConfig
 from ..engine import METHODS
 
-__all__ = ["ABLATIONS", "MAIN_METHODS", "MethodSpec", "parse_methods"]
+__all__ = ["ABLATIONS", "DTYPES", "MAIN_METHODS", "MethodSpec", "parse_methods"]
 
 MAIN_METHODS: tuple[str, ...] = ("target", "dflash", "reanchor")
 ABLATIONS: dict[str, tuple[str, ...]] = {
@@ -32,6 +37,7 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "table7_fixed_offset": ("reanchor:policy=offset",),
 }
 _INT_FIELDS = {"node_budget", "max_requests", "seed"}
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 _BOOL_FIELDS = {"root_site"}
 
 
@@ -43,6 +49,7 @@ class MethodSpec:
     method: str
     changes: dict[str, object] = field(default_factory=dict)
     auto_budget: bool = False  # node_budget=auto: chosen per round from a cost profile
+    dtype: str | None = None  # precision of this method's models (None: the run's --dtype)
 
     @staticmethod
     def parse(text: str) -> MethodSpec:
@@ -52,9 +59,14 @@ class MethodSpec:
             raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}")
         allowed = {f.name for f in fields(ReAnchorConfig)}
         changes: dict[str, object] = {}
-        auto = False
+        auto, dtype = False, None
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
+            if key == "dtype" and eq:
+                if value not in DTYPES:
+                    raise ValueError(f"method spec {text!r}: dtype must be one of {', '.join(DTYPES)}")
+                dtype = value
+                continue
             if not eq or key not in allowed:
                 raise ValueError(f"method spec {text!r}: expected KEY=VALUE with KEY in {', '.join(sorted(allowed))}")
             if key == "node_budget" and value == "auto":
@@ -63,7 +75,7 @@ class MethodSpec:
             changes[key] = _convert(key, value)
         if (changes or auto) and method != "reanchor":
             raise ValueError(f"method spec {text!r}: only 'reanchor' takes config changes")
-        return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto)
+        return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto, dtype=dtype)
 
     def config(self, base: ReAnchorConfig) -> ReAnchorConfig:
         """``base`` with this spec's changes (validated by `ReAnchorConfig`)."""

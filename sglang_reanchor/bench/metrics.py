@@ -21,7 +21,69 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Record", "summarize", "merge_counts"]
+__all__ = ["Record", "baseline_method", "identity_report", "merge_counts", "summarize", "token_hash"]
+
+
+def token_hash(ids: list[int]) -> str:
+    """First 16 hex digits of the SHA-256 of the ids (as little-endian int32).
+
+    >>> token_hash([1, 2, 3]) == token_hash([1, 2, 3]) != token_hash([1, 2])
+    True
+    """
+    import hashlib
+    import struct
+
+    return hashlib.sha256(struct.pack(f"<{len(ids)}i", *ids)).hexdigest()[:16]
+
+
+def baseline_method(records: list[Record]) -> str:
+    """The plain-decoding method every speedup is taken against: of the ``target``
+    methods of the run (e.g. ``target`` and ``target:dtype=bfloat16``), the one with the
+    lowest mean TPOT over all its responses (the fastest plain decoding)."""
+    tpots: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r.method == "target" or r.method.startswith("target:"):
+            tpots[r.method].append(r.tpot)
+    if not tpots:
+        return "target"
+    return min(tpots, key=lambda m: _mean(tpots[m]))
+
+
+def identity_report(records: list[Record]) -> dict[str, dict[str, float]]:
+    """Token identity per precision, from the stored hashes: for each dtype, in how many
+    responses every method of that dtype emitted the same ids; and, across dtypes, the
+    share of responses and of token positions (up to the first difference) on which
+    each dtype's first method agrees with the baseline precision's.
+
+    The precision of a response's *first* method decides later turns' prompts, so
+    only first turns are compared across dtypes."""
+    groups: dict[tuple[str, str, int, str], list[Record]] = defaultdict(list)
+    for r in records:
+        if r.method != "diagnostic":
+            groups[(r.dataset, r.sample, r.turn, r.dtype)].append(r)
+    out: dict[str, dict[str, float]] = {}
+    for dtype in sorted({k[3] for k in groups}):
+        keys = [k for k in groups if k[3] == dtype]
+        same = sum(len({r.token_hash for r in groups[k]}) == 1 for k in keys)
+        out[dtype] = {"responses": len(keys), "identical": same}
+    dtypes = sorted(out)
+    if len(dtypes) > 1:
+        base = next((r.dtype for r in records if r.method == baseline_method(records)), dtypes[0])
+        for other in (d for d in dtypes if d != base):
+            resp = agree = tok = tot = 0
+            for (ds, sample, turn, dtype), recs in groups.items():
+                peer = groups.get((ds, sample, turn, other))
+                if dtype != base or turn != 0 or not peer:
+                    continue
+                a, b = recs[0].token_ids, peer[0].token_ids
+                n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                resp += 1
+                agree += a == b
+                tok += n
+                tot += max(len(a), len(b))
+            out[other] |= {f"agree_with_{base}_responses": agree, "compared_responses": resp,
+                           f"agree_with_{base}_token_share": tok / tot if tot else float("nan")}
+    return out
 
 
 @dataclass
@@ -41,6 +103,9 @@ class Record:
     shifted_accepts: list[int] = field(default_factory=list)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # analysis counts (see analysis.py)
     finish_reason: str = "length"
+    dtype: str = ""  # precision the method ran in
+    token_hash: str = ""  # `token_hash` of the emitted ids: equal hashes = identical tokens
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -67,12 +132,14 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def summarize(records: list[Record], baseline: str = "target") -> dict[str, dict[str, dict[str, float]]]:
-    """``{dataset: {method: metrics}}`` plus an ``"all"`` pseudo-dataset.
+def summarize(records: list[Record], baseline: str | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """``{dataset: {method: metrics}}`` plus an ``"all"`` pseudo-dataset; speedups are
+    over ``baseline`` (default: `baseline_method`, the fastest plain decoding).
 
     ``"all"`` averages the per-dataset tau and speedup equally (as the paper
     averages benchmarks), and pools responses for tokens/s.
     """
+    baseline = baseline or baseline_method(records)
     by: dict[str, dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         by[r.dataset][r.method].append(r)

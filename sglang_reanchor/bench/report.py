@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import analysis
 from .methods import ABLATIONS, MAIN_METHODS
-from .metrics import Record, merge_counts, summarize
+from .metrics import Record, baseline_method, identity_report, merge_counts, summarize
 
 __all__ = ["analysis_tables", "markdown_report", "write_report", "plot_histogram"]
 
@@ -128,14 +128,33 @@ def _analysis_markdown(tables: dict) -> str:
             f"### Table 8: earliest-attachment win rate (diagnostic pass)\n\n{t8}\n")
 
 
+def identity_markdown(records: list[Record]) -> str:
+    """`identity_report` as a table: per precision, responses where every method emitted
+    the same ids; across precisions, agreement with the baseline's precision."""
+    rep = identity_report(records)
+    rows = []
+    for dtype, r in rep.items():
+        agree = next(((k, v) for k, v in r.items() if k.endswith("_responses") and k.startswith("agree")), None)
+        share = next((v for k, v in r.items() if k.endswith("_token_share")), None)
+        cross = (f"{agree[1]} / {r['compared_responses']} responses, {_fmt(100 * share, 1)} % of tokens"
+                 if agree and share is not None else "–")
+        rows.append([dtype or "?", f"{r['identical']} / {r['responses']}", cross])
+    return _table(["precision", "responses with identical tokens across its methods",
+                   "first turns equal to the baseline precision's"], rows)
+
+
 def markdown_report(records: list[Record], meta: dict) -> str:
     summary = summarize(records)
     methods = _methods(records)
     main = [m for m in MAIN_METHODS if m in methods] + [m for m in methods if m not in MAIN_METHODS]
+    base = baseline_method(records)
     parts = [f"# ReAnchor benchmark\n\n{meta.get('description', '')}\n",
-             "## Acceptance length tau / speedup over target (Table 2 layout)\n",
+             f"## Acceptance length tau / speedup over `{base}` (Table 2 layout)\n",
+             f"Speedups are over `{base}`, the fastest plain decoding of this run "
+             f"(threads: {meta.get('torch_threads', '?')}, one process).\n",
              headline_table(summary, main), "",
-             "## Tokens/s (mean verified nodes per round)\n", speed_table(summary, main), ""]
+             "## Tokens/s (mean verified nodes per round)\n", speed_table(summary, main), "",
+             "## Identical tokens (from the stored hashes)\n", identity_markdown(records), ""]
     if any(m.startswith("reanchor:") for m in methods):
         names = {s for group in ABLATIONS.values() for s in group}
         parts += ["## Ablations (Tables 4, 6, 7)\n",
@@ -188,7 +207,8 @@ def write_report(out_dir: str | Path, records: list[Record], meta: dict) -> dict
     paths["markdown"].write_text(markdown_report(records, meta))
     hist = {ds: {m: analysis.histogram([t for r in records if r.dataset == ds and r.method == m for t in r.taus])
                  for m in _methods(records)} for ds in sorted({r.dataset for r in records})}
-    payload = {"meta": meta, "summary": summarize(records), "analysis": analysis_tables(records),
+    payload = {"meta": meta, "summary": summarize(records), "baseline": baseline_method(records),
+               "identity": identity_report(records), "analysis": analysis_tables(records),
                "histograms": hist, "records": [r.to_json() for r in records]}
     paths["json"].write_text(json.dumps(payload, indent=1, default=str))
     png = out / "acceptance_histogram.png"

@@ -14,6 +14,7 @@ traces themselves are dropped. ``diagnostic`` samples also get one untimed
 
 from __future__ import annotations
 
+import copy
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from . import analysis
 from .cost import CostProfile
 from .datasets import Sample
 from .methods import MethodSpec
-from .metrics import Record
+from .metrics import Record, token_hash
 
 __all__ = ["BenchSettings", "Runner", "BUDGETS"]
 
@@ -76,14 +77,20 @@ class Runner:
         self.specs = list(specs)
         self.encode, self.decode, self.settings = encode, decode, settings
         self.generators = {}
+        self.dtypes: dict[str, str] = {}
+        pairs: dict[torch.dtype, tuple[torch.nn.Module, DFlashDrafter]] = {target.dtype: (target, drafter)}
         for s in specs:
+            dtype = getattr(torch, s.dtype) if s.dtype else target.dtype
+            if dtype not in pairs:  # a copy of both models in this method's precision
+                pairs[dtype] = (copy.deepcopy(target).to(dtype), copy.deepcopy(drafter).to(dtype))
+            self.dtypes[s.label] = str(dtype).removeprefix("torch.")
             config, policy = s.config(base_config), None
             if s.auto_budget:
                 if profile is None:
                     raise ValueError(f"method {s.label!r}: node_budget=auto needs a cost profile "
                                      "(--profile cost_profile.json, from `python -m sglang_reanchor.bench cost`)")
                 policy = profile.budget_policy(config.offsets)
-            self.generators[s.label] = SpeculativeGenerator(target, drafter, config, budget_policy=policy)
+            self.generators[s.label] = SpeculativeGenerator(*pairs[dtype], config, budget_policy=policy)
         self.diagnostic = analysis.DiagnosticGenerator(target, drafter, base_config)
 
     def run(self, samples: Sequence[Sample], desc: str = "bench") -> list[Record]:
@@ -110,10 +117,10 @@ class Runner:
             for spec in order:
                 result = self._generate(self.generators[spec.label], ids, spec.method, seed)
                 answers[spec.label] = result
-                out.append(_record(sample, turn, spec.label, result))
+                out.append(_record(sample, turn, spec.label, result, self.dtypes[spec.label]))
             if diagnostic:
                 result = self._generate(self.diagnostic, ids, "reanchor", seed)
-                rec = _record(sample, turn, "diagnostic", result)
+                rec = _record(sample, turn, "diagnostic", result, self.dtypes[self.specs[0].label])
                 out.append(rec)
             reply = answers[self.specs[0].label]
             messages.append({"role": "assistant", "content": self.decode(reply.tokens)})
@@ -131,7 +138,7 @@ class Runner:
             self.generators[spec.label].generate(ids, 8, method=spec.method)  # type: ignore[arg-type]
 
 
-def _record(sample: Sample, turn: int, label: str, result: GenerationResult) -> Record:
+def _record(sample: Sample, turn: int, label: str, result: GenerationResult, dtype: str) -> Record:
     stats: dict[str, dict[str, int]] = {}
     if result.rounds is not None:
         rounds = result.rounds
@@ -147,5 +154,6 @@ def _record(sample: Sample, turn: int, label: str, result: GenerationResult) -> 
         dataset=sample.dataset, sample=sample.id, turn=turn, method=label, tokens=len(result.tokens),
         taus=list(result.acceptance_lengths), seconds=result.seconds, prefill_seconds=result.prefill_seconds,
         rounds=rounds_n, tree_sizes=list(result.tree_sizes), shifted_accepts=list(result.shifted_accepts),
-        stats=stats, finish_reason=result.finish_reason,
+        stats=stats, finish_reason=result.finish_reason, dtype=dtype,
+        token_hash=token_hash(list(result.tokens)), token_ids=list(result.tokens),
     )

@@ -165,15 +165,21 @@ class SpeculativeGenerator:
         drafter: str | Path | None = None,
         device: str | torch.device | None = None,
         config: ReAnchorConfig | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = "auto",
     ) -> SpeculativeGenerator:
         """Load a Hugging Face target folder and a z-lab-format drafter folder.
 
         With no ``target`` this loads the CPU default, SmolLM2-135M-Instruct (see
         `sglang_reanchor.hub`); with no ``drafter``, the drafter shipped for it.
+        ``dtype="auto"`` runs both in bfloat16 on CUDA and on CPUs with AMX / AVX-512
+        BF16, else in float32 (`sglang_reanchor.precision`); None keeps the target
+        folder's stored dtype.
         """
         from ..hub import default_drafter, load_target
+        from ..precision import parse_dtype
 
+        if dtype is not None:
+            dtype = parse_dtype(dtype, device)
         model, tokenizer = load_target(target, device=device, dtype=dtype)
         if drafter is None:
             if target is not None:

@@ -30,6 +30,8 @@ import torch
 
 from ..drafter import DFlashConfig, build_target_layer_ids
 from ..hub import load_target
+from ..precision import has_fast_cpu_bf16, parse_dtype
+from ..runtime import keep_freed_memory
 
 # SmolLM2's "<empty_output>" (id 16): a StarCoder notebook-format special token that the
 # chat model never emits in a chat reply (it never appears in the training responses:
@@ -38,13 +40,17 @@ DEFAULT_MASK_TOKEN = "<empty_output>"
 
 
 def _cmd_data(args: argparse.Namespace) -> None:
-    from .data import build_dataset, prompt_texts
-    from .prompts import build_prompts
+    from .data import build_dataset, prompt_texts, read_pack
+    from .prompts import build_prompts, check_disjoint, eval_prompts, read_prompts
 
     torch.manual_seed(args.seed)
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, dtype=parse_dtype(args.dtype))
     layer_ids = _layer_ids(args.layers, model.config.num_hidden_layers, args.num_feature_layers)
-    prompts = build_prompts(args.seed, args.per_domain)  # raises if any overlaps an eval set
+    if args.prompts:  # a pool written by the `prompts` command
+        prompts = read_prompts(args.prompts)
+        check_disjoint(prompts, eval_prompts())
+    else:
+        prompts = build_prompts(args.seed, args.per_domain)  # raises if any overlaps an eval set
     if args.exclude:  # a further folder: only prompts none of the given folders used
         seen = set().union(*(prompt_texts(d) for d in args.exclude))
         prompts = [p for p in prompts if p.text not in seen]
@@ -55,10 +61,42 @@ def _cmd_data(args: argparse.Namespace) -> None:
     start = time.time()
     out = build_dataset(model, tok, prompts, args.out, layer_ids=layer_ids,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                        num_val=args.num_val,
+                        num_val=args.num_val, max_prompt_tokens=args.max_prompt_tokens,
+                        sort_window=args.sort_window,
+                        known_responses=read_pack(args.pack) if args.pack else None,
                         extra_meta={"target": str(args.target or "default:SmolLM2-135M-Instruct"),
-                                    "seed": args.seed, "per_domain": args.per_domain})
+                                    "seed": args.seed, "per_domain": args.per_domain,
+                                    "prompts_file": args.prompts})
     print(f"data written to {out} in {time.time() - start:.0f} s")
+
+
+def _cmd_prompts(args: argparse.Namespace) -> None:
+    from .prompts import POOL_SOURCES, build_pool, check_disjoint, eval_prompts, write_prompts
+
+    counts = dict(POOL_SOURCES)
+    for item in args.source:
+        name, _, n = item.partition("=")
+        counts[name] = int(n)
+    counts = {k: v for k, v in counts.items() if v > 0}
+    pool = build_pool(args.seed, counts)
+    if args.self_instruct:
+        from .self_instruct import self_instruct_prompts
+
+        model, tok = load_target(args.target)
+        seeds = [p.text for p in pool if p.source.startswith(("template:", "chatterbot"))]
+        made = self_instruct_prompts(model, tok, seeds, args.self_instruct, seed=args.seed,
+                                     batch_size=args.batch_size)
+        check_disjoint(made, eval_prompts())
+        pool = made if args.self_instruct_only else pool + made
+    write_prompts(pool, args.out)
+    print(f"{len(pool)} prompts written to {args.out}")
+
+
+def _cmd_pack(args: argparse.Namespace) -> None:
+    from .data import write_pack
+
+    counts = write_pack(args.data, args.out)
+    print(f"{counts['responses']} responses, {counts['tokens']} tokens packed into {args.out}")
 
 
 def _cmd_fit(args: argparse.Namespace) -> None:
@@ -77,8 +115,10 @@ def _cmd_fit(args: argparse.Namespace) -> None:
         batch_seqs=args.batch_seqs, anchors_per_seq=args.anchors, gamma=args.gamma,
         sample_slots=not args.all_slots,
         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed,
-        val_max_new_tokens=args.val_tokens, val_prompts=args.val_prompts, init_from_target=not args.random_init)
-    fit(model, tok, config, args.data, args.out, settings, resume=args.resume)
+        val_max_new_tokens=args.val_tokens, val_prompts=args.val_prompts, init_from_target=not args.random_init,
+        autocast=torch.cuda.is_available() or has_fast_cpu_bf16() if args.autocast == "auto"
+        else args.autocast == "on")
+    fit(model, tok, config, args.data, args.out, settings, resume=args.resume, init_from=args.init_from)
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
@@ -99,6 +139,19 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
+    p = sub.add_parser("prompts", help="write a prompt pool (JSONL) from the offline sources")
+    p.add_argument("--out", required=True)
+    p.add_argument("--source", action="append", default=[], metavar="NAME=COUNT",
+                   help="most prompts from a source (0 drops it); sources and defaults: POOL_SOURCES "
+                   "in sglang_reanchor/train/prompts.py")
+    p.add_argument("--self-instruct", type=int, default=0, metavar="N",
+                   help="add N prompts the target writes for itself (self_instruct.py)")
+    p.add_argument("--self-instruct-only", action="store_true", help="write only those N prompts")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--target", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_prompts)
+
     d = sub.add_parser("data", help="build the self-distillation set (responses + features)")
     d.add_argument("--out", required=True)
     d.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
@@ -108,11 +161,20 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--exclude", action="append", default=[], metavar="DIR",
                    help="skip prompts already used by this data folder (repeatable)")
     d.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts")
+    d.add_argument("--prompts", default=None, help="a pool from the `prompts` command (default: "
+                   "build_prompts(--seed, --per-domain))")
+    d.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts")
+    d.add_argument("--pack", default=None, help="responses stored by the `pack` command: batches whose "
+                   "responses are all in it only get their features computed")
+    d.add_argument("--sort-window", type=int, default=1, help="sort prompts by length inside windows "
+                   "of this many (less padding per batch; 1 keeps the order)")
     d.add_argument("--max-new-tokens", type=int, default=192)
     d.add_argument("--batch-size", type=int, default=128)
     d.add_argument("--layers", default=None, help="target layer ids, e.g. 1,10,18,27")
     d.add_argument("--num-feature-layers", type=int, default=4)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--dtype", default="auto", help="target precision for generation and features: auto "
+                   "(bfloat16 with AMX / AVX-512 BF16 or CUDA, else float32), float32, bfloat16")
     d.set_defaults(func=_cmd_data)
 
     f = sub.add_parser("fit", help="train a drafter on a `data` folder")
@@ -140,8 +202,19 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--val-prompts", type=int, default=8, help="held-out prompts per validation during "
                    "training (the final one uses all)")
     f.add_argument("--random-init", action="store_true", help="do not copy target layers into the drafter")
+    f.add_argument("--init-from", default=None, metavar="DIR", help="start from this z-lab drafter folder "
+                   "(e.g. the shipped one) instead of the target's last layers")
+    f.add_argument("--autocast", choices=("auto", "on", "off"), default="auto",
+                   help="bfloat16 autocast of the forward: auto = where bfloat16 GEMMs are fast (CUDA, AMX, "
+                   "AVX-512 BF16); off on other CPUs, where they are ~9x slower than float32")
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=_cmd_fit)
+
+    k = sub.add_parser("pack", help="store the responses of data folders compactly (to commit, and to "
+                       "rebuild the folders later with `data --pack`)")
+    k.add_argument("--data", required=True, nargs="+")
+    k.add_argument("--out", required=True, help="an .npz file")
+    k.set_defaults(func=_cmd_pack)
 
     e = sub.add_parser("export", help="write a z-lab folder from a checkpoint")
     e.add_argument("--ckpt", required=True)
@@ -150,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     e.set_defaults(func=_cmd_export)
 
     args = ap.parse_args(argv)
+    keep_freed_memory()  # 2.5x faster batched generation here (sglang_reanchor.runtime)
     args.func(args)
 
 

@@ -24,21 +24,25 @@ not in ``A``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .prompts import Prompt
 
-__all__ = ["Sequences", "build_dataset", "chat_ids", "load_sequences", "prompt_texts", "target_features"]
+__all__ = ["Sequences", "build_dataset", "chat_ids", "load_sequences", "mapped_tensor", "prompt_key", "prompt_texts",
+           "read_pack", "target_features", "write_pack"]
 
 
 @dataclass
@@ -48,7 +52,7 @@ class Sequences:
     input_ids: Tensor  # [N] int64
     offsets: Tensor  # [n + 1] int64
     prompt_lens: Tensor  # [n] int64
-    features: Tensor  # [N, K*H] bfloat16
+    features: Tensor  # [N, K*H] bfloat16 (memory-mapped rows from `load_sequences`)
 
     def __len__(self) -> int:
         return self.prompt_lens.shape[0]
@@ -109,9 +113,15 @@ def target_features(model: PreTrainedModel, seqs: Sequence[list[int]], layer_ids
 
 def build_dataset(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt],
                   out: str | Path, *, layer_ids: Sequence[int], max_new_tokens: int = 256,
-                  batch_size: int = 16, num_val: int = 16, extra_meta: dict | None = None) -> Path:
+                  batch_size: int = 16, num_val: int = 16, extra_meta: dict | None = None,
+                  max_prompt_tokens: int = 512, sort_window: int = 1,
+                  known_responses: dict[str, list[int]] | None = None) -> Path:
     """Generate responses for ``prompts`` (the first ``num_val`` held out for
-    validation) and write the shards described in the module docstring."""
+    validation) and write the shards described in the module docstring.
+
+    ``known_responses`` (`prompt_key` -> response ids, from `read_pack`) skips the
+    generation of every batch whose responses are all known: only its features are
+    computed (one forward per sequence instead of one per new token)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     val, train = list(prompts[:num_val]), list(prompts[num_val:])
@@ -120,11 +130,15 @@ def build_dataset(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
     eos_ids = {int(tokenizer.eos_token_id)} | set(_as_list(model.generation_config.eos_token_id))
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     tokenised = [chat_ids(tokenizer, p.text) for p in train]
-    # prompts stay in their (shuffled, domain-mixed) order, so a partial build is a fair
-    # sample; left padding of short prompts costs little next to the decode steps
-    order = list(range(len(tokenised)))
+    # prompts keep their (shuffled, domain-mixed) order at the scale of `sort_window`, so a
+    # partial build is a fair sample; inside a window they are sorted by length, so a
+    # batch wastes little on left padding. Prompts over `max_prompt_tokens` are skipped.
+    kept = [i for i, t in enumerate(tokenised) if len(t) <= max_prompt_tokens]
+    order = [i for w in range(0, len(kept), sort_window)
+             for i in sorted(kept[w: w + sort_window], key=lambda i: len(tokenised[i]))]
     batches = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
     meta = {"layer_ids": list(layer_ids), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+            "max_prompt_tokens": max_prompt_tokens, "sort_window": sort_window,
             "num_train_prompts": len(train), "num_val_prompts": len(val),
             "eos_ids": sorted(eos_ids), "pad_id": pad_id, **(extra_meta or {})}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -133,8 +147,12 @@ def build_dataset(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
         if path.exists():
             continue  # resumed build
         prompt_ids = [tokenised[i] for i in idx]
-        responses = generate_responses(model, prompt_ids, max_new_tokens=max_new_tokens,
-                                       eos_ids=eos_ids, pad_id=pad_id)
+        keys = [prompt_key(train[i].text) for i in idx]
+        if known_responses is not None and all(k in known_responses for k in keys):
+            responses = [list(known_responses[k]) for k in keys]
+        else:
+            responses = generate_responses(model, prompt_ids, max_new_tokens=max_new_tokens,
+                                           eos_ids=eos_ids, pad_id=pad_id)
         seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
         feats = target_features(model, seqs, layer_ids, pad_id)
         lens = torch.tensor([len(s) for s in seqs])
@@ -150,13 +168,58 @@ def build_dataset(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
     return out
 
 
+def prompt_key(text: str) -> str:
+    """A prompt's identity in a pack: the first 16 hex digits of its text's SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_pack(data_dirs: Sequence[str | Path], path: str | Path) -> dict[str, int]:
+    """Store the generated responses of data folders compactly (no prompt text, no
+    features): per sequence the `prompt_key` of its prompt and its response ids
+    (uint16 when the vocabulary allows), ``np.savez_compressed``. A later build with the
+    same prompt pool reads it back (`read_pack`, ``data --pack``) and only recomputes
+    the features. Returns counts."""
+    import numpy as np
+
+    keys, responses = [], []
+    for d in data_dirs:
+        texts = [json.loads(line)["text"] for line in (Path(d) / "prompts.jsonl").read_text().splitlines()
+                 if line.strip()]
+        for shard in sorted(Path(d).glob("shard_*.safetensors")):
+            with safe_open(str(shard), framework="pt") as f:
+                index = json.loads(f.metadata()["prompt_index"])
+                ids, offs, plens = f.get_tensor("input_ids"), f.get_tensor("offsets"), f.get_tensor("prompt_lens")
+            for k, i in enumerate(index):
+                keys.append(prompt_key(texts[i]))
+                responses.append(ids[int(offs[k]) + int(plens[k]): int(offs[k + 1])].tolist())
+    flat = [t for r in responses for t in r]
+    dtype = np.uint16 if max(flat, default=0) < 2**16 else np.int32
+    lens = np.array([len(r) for r in responses], dtype=np.int64)
+    np.savez_compressed(path, keys=np.array(keys), ids=np.array(flat, dtype=dtype),
+                        offsets=np.concatenate([[0], np.cumsum(lens)]))
+    return {"responses": len(responses), "tokens": len(flat)}
+
+
+def read_pack(path: str | Path) -> dict[str, list[int]]:
+    """`prompt_key` -> response ids, from `write_pack`'s file."""
+    import numpy as np
+
+    z = np.load(path)
+    ids, offs = z["ids"].astype(np.int64), z["offsets"]
+    return {str(k): ids[offs[i]: offs[i + 1]].tolist() for i, k in enumerate(z["keys"])}
+
+
 def _as_list(x: int | list[int] | None) -> list[int]:
     return [] if x is None else ([x] if isinstance(x, int) else list(x))
 
 
 def load_sequences(*data_dirs: str | Path) -> Sequences:
     """Concatenate every shard of each of ``data_dirs`` (dirs in the order given, shards
-    in name order) into one `Sequences`; the dirs must share ``meta.json["layer_ids"]``."""
+    in name order) into one `Sequences`; the dirs must share ``meta.json["layer_ids"]``.
+
+    Token ids are read into memory; the features (the bulk: ``K*H`` bfloat16 per token,
+    9 GB for 2M tokens of SmolLM2) stay memory-mapped in their shard files and are read
+    row by row as batches need them."""
     if not data_dirs:
         raise ValueError("load_sequences: give at least one data folder")
     layer_ids = [json.loads((Path(d) / "meta.json").read_text())["layer_ids"] for d in data_dirs]
@@ -169,13 +232,59 @@ def load_sequences(*data_dirs: str | Path) -> Sequences:
                                 "(run the `data` command first)")
     ids, offs, plens, feats, base = [], [torch.zeros(1, dtype=torch.long)], [], [], 0
     for path in shards:
-        s = load_file(str(path))
-        ids.append(s["input_ids"].long())
-        offs.append(s["offsets"][1:] + base)
-        base += int(s["offsets"][-1])
-        plens.append(s["prompt_lens"])
-        feats.append(s["features"])
-    return Sequences(torch.cat(ids), torch.cat(offs), torch.cat(plens), torch.cat(feats))
+        with safe_open(str(path), framework="pt") as f:
+            ids.append(f.get_tensor("input_ids").long())
+            shard_offsets = f.get_tensor("offsets")
+            plens.append(f.get_tensor("prompt_lens"))
+        offs.append(shard_offsets[1:] + base)
+        base += int(shard_offsets[-1])
+        feats.append(mapped_tensor(path, "features"))
+    return Sequences(torch.cat(ids), torch.cat(offs), torch.cat(plens), _Rows(feats))
+
+
+def mapped_tensor(path: str | Path, name: str) -> Tensor:
+    """Tensor ``name`` of a safetensors file, memory-mapped read-only (no copy).
+
+    The format is an 8-byte little-endian header size, a JSON header giving each
+    tensor's dtype, shape and byte range, then the raw bytes."""
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        info = json.loads(fh.read(size))[name]
+    dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32,
+             "I64": torch.int64}[info["dtype"]]
+    begin, end = info["data_offsets"]
+    return _mmap(path, 8 + size + begin, (end - begin) // dtype.itemsize, dtype).view(*info["shape"])
+
+
+def _mmap(path: str | Path, offset: int, count: int, dtype: torch.dtype) -> Tensor:
+    import numpy as np
+
+    raw = np.memmap(path, dtype={2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize], mode="r",
+                    offset=offset, shape=(count,))
+    with warnings.catch_warnings():  # read-only map: torch warns it cannot write; nothing writes
+        warnings.simplefilter("ignore")
+        return torch.from_numpy(raw).view(dtype)
+
+
+class _Rows:
+    """Row-concatenation of 2-D tensors that supports ``rows[a:b]`` (one contiguous
+    slice that lies inside one part, as every sequence does) and ``.shape``."""
+
+    def __init__(self, parts: list[Tensor]) -> None:
+        self.parts = parts
+        self.starts = [0]
+        for p in parts:
+            self.starts.append(self.starts[-1] + p.shape[0])
+        self.shape = torch.Size([self.starts[-1], *parts[0].shape[1:]])
+
+    def __getitem__(self, rows: slice) -> Tensor:
+        import bisect
+
+        k = bisect.bisect_right(self.starts, rows.start) - 1
+        lo = self.starts[k]
+        if rows.stop > self.starts[k + 1]:
+            raise IndexError(f"rows {rows.start}:{rows.stop} span two shards")
+        return self.parts[k][rows.start - lo: rows.stop - lo]
 
 
 def prompt_texts(data_dir: str | Path) -> set[str]:

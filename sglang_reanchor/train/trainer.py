@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..drafter import DFlashConfig, DFlashDrafter
 from .data import Sequences, chat_ids, load_sequences
-from .loss import block_inputs, block_labels, block_mask, dflash_loss, sample_anchors
+from .loss import IGNORE, block_inputs, block_labels, block_mask, dflash_loss, sample_anchors
 
 __all__ = ["TrainSettings", "Trainer", "export", "fit", "init_from_target", "validation_tau"]
 
@@ -56,6 +56,7 @@ class TrainSettings:
     val_max_new_tokens: int = 64
     seed: int = 0
     init_from_target: bool = True
+    autocast: bool = True  # bfloat16 autocast for the forward (AMX on these CPUs); fp32 master weights
 
 
 def init_from_target(drafter: DFlashDrafter, target: PreTrainedModel) -> None:
@@ -130,6 +131,10 @@ class Trainer:
         return dflash_loss(hidden, labels, self.lm_head, self.settings.gamma, self.settings.chunk_tokens,
                            sample_slots=slot_generator)
 
+    def _autocast(self) -> torch.autocast:
+        dev = self.drafter.fc.weight.device.type
+        return torch.autocast(dev, dtype=torch.bfloat16, enabled=self.settings.autocast)
+
     def step(self) -> dict[str, Any]:
         """One optimizer step; returns ``{"step", "loss", "lr", "acc"}`` (acc per slot)."""
         self.drafter.train()
@@ -139,13 +144,17 @@ class Trainer:
         slots = None
         if self.settings.sample_slots:  # deterministic in (seed, step), like the batch
             slots = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + self.step_count + 7_919)
-        loss, acc = self.loss_on(*self.batch(self.step_count), slot_generator=slots)
+        ids, feats, lens, anchors = self.batch(self.step_count)
+        with self._autocast():
+            loss, acc = self.loss_on(ids, feats, lens, anchors, slot_generator=slots)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.settings.clip)
         self.opt.step()
         self.step_count += 1
-        return {"step": self.step_count, "loss": float(loss.detach()), "lr": lr, "acc": acc.tolist()}
+        labelled = int((block_labels(ids, anchors, lens, self.drafter.block_size) != IGNORE).sum())
+        return {"step": self.step_count, "loss": float(loss.detach()), "lr": lr, "acc": acc.tolist(),
+                "labels": labelled}
 
     def state_dict(self) -> dict[str, Any]:
         return {"drafter": self.drafter.state_dict(), "optimizer": self.opt.state_dict(),
@@ -179,10 +188,16 @@ def validation_tau(target: PreTrainedModel, drafter: DFlashDrafter, prompts: lis
 
 def fit(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DFlashConfig,
         data_dir: str | Path | Sequence[str | Path], out: str | Path, settings: TrainSettings, *,
-        resume: bool = False) -> Path:
+        resume: bool = False, init_from: str | Path | None = None) -> Path:
     """Train (or, with ``resume``, continue) a drafter on one or more data folders (the
     first holds the validation prompts); writes ``OUT/ckpt.pt``, ``OUT/log.jsonl`` and,
-    at the end, the z-lab folder ``OUT/drafter``."""
+    at the end, the z-lab folder ``OUT/drafter``.
+
+    ``init_from`` starts a new run from the weights of a z-lab drafter folder (its
+    config replaces ``config``) instead of from the target's last layers. Every log
+    record carries ``labels_seen``, the labelled draft slots trained on so far (summed
+    over sittings and over runs chained with ``init_from``), the x-axis of the
+    training curve."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path, log_path = out / "ckpt.pt", out / "log.jsonl"
@@ -193,31 +208,38 @@ def fit(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DFl
     if not val:
         raise ValueError(f"{dirs[0]}/val_prompts.jsonl is empty: list a folder built with --num-val > 0 first")
     torch.manual_seed(settings.seed)
-    drafter = DFlashDrafter(config).to(torch.float32)
-    elapsed = 0.0
+    elapsed, labels_seen = 0.0, 0
     if resume and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
-        config = DFlashConfig.from_dict(state["config"])
-        drafter = DFlashDrafter(config).to(torch.float32)
+        drafter = DFlashDrafter(DFlashConfig.from_dict(state["config"])).to(torch.float32)
         trainer = Trainer(target, drafter, data, settings)
         trainer.load_state_dict(state)
-        elapsed = float(state.get("elapsed", 0.0))
+        elapsed, labels_seen = float(state.get("elapsed", 0.0)), int(state.get("labels_seen", 0))
     else:
-        if settings.init_from_target:
-            init_from_target(drafter, target)
+        if init_from is not None:
+            drafter = DFlashDrafter.from_pretrained(init_from, dtype=torch.float32).train()
+            sidecar = Path(init_from) / "training.json"  # written by `export`
+            labels_seen = int(json.loads(sidecar.read_text())["labels_seen"]) if sidecar.exists() else 0
+        else:
+            drafter = DFlashDrafter(config).to(torch.float32)
+            if settings.init_from_target:
+                init_from_target(drafter, target)
         trainer = Trainer(target, drafter, data, settings)
         log_path.write_text("")
         tau0 = validation_tau(target, drafter, val[: settings.val_prompts], settings.val_max_new_tokens)
-        _log(log_path, {"step": 0, "val_tau": tau0})
+        _log(log_path, {"step": 0, "val_tau": tau0, "labels_seen": labels_seen})
     budget = None if settings.minutes is None else settings.minutes * 60
     bar = tqdm(total=settings.total_steps, initial=trainer.step_count, desc="fit", unit="step")
     start = time.time() - elapsed
 
     def save() -> None:
-        _save_atomic({**trainer.state_dict(), "elapsed": time.time() - start}, ckpt_path)
+        _save_atomic({**trainer.state_dict(), "elapsed": time.time() - start, "labels_seen": labels_seen},
+                     ckpt_path)
 
     while trainer.step_count < settings.total_steps and (budget is None or time.time() - start < budget):
         rec = trainer.step()
+        labels_seen += rec.pop("labels")
+        rec["labels_seen"] = labels_seen
         rec["elapsed"] = round(time.time() - start, 1)
         bar.update(1)
         bar.set_postfix(loss=f"{rec['loss']:.3f}", acc1=f"{rec['acc'][0]:.2f}")
@@ -232,7 +254,7 @@ def fit(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DFl
     save()
     final = validation_tau(target, drafter, val, settings.val_max_new_tokens)
     _log(log_path, {"step": trainer.step_count, "final_val_tau": final, "num_val_prompts": len(val),
-                    "elapsed": round(time.time() - start, 1)})
+                    "elapsed": round(time.time() - start, 1), "labels_seen": labels_seen})
     tqdm.write(f"final val tau over {len(val)} prompts: {final:.3f}")
     drafter.save_pretrained(out / "drafter")
     return out
@@ -244,11 +266,16 @@ def _log(path: Path, rec: dict[str, Any]) -> None:
 
 
 def export(ckpt: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the z-lab folder (``config.json`` + ``model.safetensors``) of a checkpoint."""
+    """Write the z-lab folder (``config.json`` + ``model.safetensors``) of a checkpoint,
+    plus ``training.json`` (steps, labelled slots seen, training settings) so a later run
+    can continue from it (`fit` with ``init_from``) and keep counting."""
     state = torch.load(ckpt, weights_only=False, map_location="cpu")
     config = DFlashConfig.from_dict(state["config"])
     drafter = DFlashDrafter(config).to(state["drafter"]["fc.weight"].dtype)  # load at full precision
     drafter.load_state_dict(state["drafter"])
     drafter = drafter.to(dtype)
     drafter.save_pretrained(out)
+    info = {"step": int(state["step"]), "labels_seen": int(state.get("labels_seen", 0)),
+            "elapsed_s": round(float(state.get("elapsed", 0.0)), 1), "settings": state.get("settings")}
+    (Path(out) / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     return Path(out)
