@@ -406,3 +406,40 @@ def test_packed_responses_rebuild_a_data_folder_without_generating(tmp_path) -> 
     build_dataset(target, tok, prompts, tmp_path / "c", **kw, known_responses=altered)
     c = load_sequences(tmp_path / "c")
     assert int(c.offsets[-1] - c.prompt_lens.sum()) == 2 * 6
+
+
+@pytest.mark.slow
+def test_fit_chains_runs_counts_labels_and_draws_its_curve(tmp_path) -> None:
+    """`fit` on a real data folder (tiny target, SmolLM2 tokenizer): its log counts
+    labelled slots, `export` records them, a run started from the exported folder
+    keeps counting, and `training_curve` writes the JSON + PNG."""
+    from transformers import AutoTokenizer
+
+    from sglang_reanchor.drafter import DFlashConfig
+    from sglang_reanchor.hub import default_target_path
+    from sglang_reanchor.train.data import build_dataset
+    from sglang_reanchor.train.trainer import fit, training_curve
+
+    tok = AutoTokenizer.from_pretrained(default_target_path())
+    target = tiny_target("llama", vocab_size=len(tok), hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                         dtype=torch.float32)
+    prompts = [Prompt("chat", "t", f"Count to {i}.") for i in range(6)]
+    build_dataset(target, tok, prompts, tmp_path / "data", layer_ids=[0, 1], max_new_tokens=12, batch_size=3,
+                  num_val=1)
+    config = DFlashConfig.for_target(target.config, num_layers=1, block_size=4, mask_token_id=16,
+                                     target_layer_ids=[0, 1])
+    settings = TrainSettings(lr=1e-3, warmup_steps=1, total_steps=4, batch_seqs=2, anchors_per_seq=2,
+                             eval_every=2, save_every=2, val_prompts=1, val_max_new_tokens=6, autocast=False)
+    fit(target, tok, config, tmp_path / "data", tmp_path / "run", settings)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    seen = [r["labels_seen"] for r in log if "loss" in r]
+    assert len(seen) == 4 and seen[0] > 0 and seen == sorted(seen)
+    export(tmp_path / "run" / "ckpt.pt", tmp_path / "exported", dtype=torch.float32)
+    assert json.loads((tmp_path / "exported" / "training.json").read_text())["labels_seen"] == seen[-1]
+    fit(target, tok, config, tmp_path / "data", tmp_path / "run2", settings, init_from=tmp_path / "exported")
+    log2 = [json.loads(line) for line in (tmp_path / "run2" / "log.jsonl").read_text().splitlines()]
+    assert log2[0]["labels_seen"] == seen[-1] and log2[-1]["labels_seen"] > seen[-1]
+    curve = training_curve(tmp_path / "run2" / "log.jsonl", tmp_path / "curve", "tiny")
+    assert [p["step"] for p in curve["points"]] == [0, 2, 4] and curve["final"]["num_val_prompts"] == 1
+    assert (tmp_path / "curve" / "curve.png").stat().st_size > 0
+    assert json.loads((tmp_path / "curve" / "curve.json").read_text())["points"] == curve["points"]

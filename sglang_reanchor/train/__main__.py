@@ -99,6 +99,13 @@ def _cmd_pack(args: argparse.Namespace) -> None:
     print(f"{counts['responses']} responses, {counts['tokens']} tokens packed into {args.out}")
 
 
+def _cmd_curve(args: argparse.Namespace) -> None:
+    from .trainer import training_curve
+
+    curve = training_curve(args.log, args.out, args.title)
+    print(f"{len(curve['points'])} validations -> {args.out}/curve.json, curve.png")
+
+
 def _cmd_fit(args: argparse.Namespace) -> None:
     from .trainer import TrainSettings, fit
 
@@ -215,6 +222,12 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("--data", required=True, nargs="+")
     k.add_argument("--out", required=True, help="an .npz file")
     k.set_defaults(func=_cmd_pack)
+
+    c = sub.add_parser("curve", help="training curve (JSON + PNG: val tau against labelled slots seen)")
+    c.add_argument("--log", required=True, help="a fit run's log.jsonl")
+    c.add_argument("--out", required=True, help="folder for curve.json and curve.png")
+    c.add_argument("--title", default="")
+    c.set_defaults(func=_cmd_curve)
 
     e = sub.add_parser("export", help="write a z-lab folder from a checkpoint")
     e.add_argument("--ckpt", required=True)

@@ -34,7 +34,7 @@ from ..drafter import DFlashConfig, DFlashDrafter
 from .data import Sequences, chat_ids, load_sequences
 from .loss import IGNORE, block_inputs, block_labels, block_mask, dflash_loss, sample_anchors
 
-__all__ = ["TrainSettings", "Trainer", "export", "fit", "init_from_target", "validation_tau"]
+__all__ = ["TrainSettings", "Trainer", "export", "fit", "init_from_target", "training_curve", "validation_tau"]
 
 
 @dataclass(frozen=True)
@@ -279,3 +279,41 @@ def export(ckpt: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat1
             "elapsed_s": round(float(state.get("elapsed", 0.0)), 1), "settings": state.get("settings")}
     (Path(out) / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     return Path(out)
+
+
+def training_curve(log: str | Path, out_dir: str | Path, title: str = "") -> dict[str, Any]:
+    """The validation curve of a `fit` log: ``curve.json`` (every validation: step,
+    labelled slots seen, elapsed seconds, val tau; the final all-prompts tau) and
+    ``curve.png`` (val tau against labelled slots seen) in ``out_dir``."""
+    recs = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+    points = [{k: r[k] for k in ("step", "labels_seen", "elapsed", "val_tau") if k in r}
+              for r in recs if "val_tau" in r]
+    final = next((r for r in reversed(recs) if "final_val_tau" in r), None)
+    losses = [(r["step"], r["loss"]) for r in recs if "loss" in r]
+    curve = {"title": title, "points": points, "final": final,
+             "loss_by_100_steps": [[s, sum(v for _, v in chunk) / len(chunk)] for s, chunk in
+                                   ((c[-1][0], c) for c in (losses[i: i + 100] for i in range(0, len(losses), 100)))]}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "curve.json").write_text(json.dumps(curve, indent=1) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return curve
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.plot([p.get("labels_seen", 0) / 1e6 for p in points], [p["val_tau"] for p in points], marker="o",
+            label="val tau (held-out prompts, subset)")
+    if final is not None:
+        ax.scatter([final.get("labels_seen", 0) / 1e6], [final["final_val_tau"]], color="C3", zorder=3,
+                   label=f"final, all {final.get('num_val_prompts', '?')} prompts")
+    ax.set_xlabel("labelled draft slots trained on (millions)")
+    ax.set_ylabel("DFlash acceptance length tau")
+    ax.set_title(title or "drafter validation")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=110)
+    plt.close(fig)
+    return curve
