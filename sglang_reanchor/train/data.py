@@ -119,9 +119,10 @@ def build_dataset(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
     """Generate responses for ``prompts`` (the first ``num_val`` held out for
     validation) and write the shards described in the module docstring.
 
-    ``known_responses`` (`prompt_key` -> response ids, from `read_pack`) skips the
-    generation of every batch whose responses are all known: only its features are
-    computed (one forward per sequence instead of one per new token)."""
+    ``known_responses`` (`prompt_key` -> response ids, from `read_pack`): prompts with
+    a stored response come first, and a batch whose responses are all known is not
+    generated, only its features are computed (one forward per sequence instead of one
+    per new token). Resume such a build with the same pack."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     val, train = list(prompts[:num_val]), list(prompts[num_val:])
@@ -136,6 +137,9 @@ def build_dataset(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
     kept = [i for i, t in enumerate(tokenised) if len(t) <= max_prompt_tokens]
     order = [i for w in range(0, len(kept), sort_window)
              for i in sorted(kept[w: w + sort_window], key=lambda i: len(tokenised[i]))]
+    if known_responses:  # stored responses first: their batches need no generation at all
+        known = [prompt_key(train[i].text) in known_responses for i in order]
+        order = [i for i, k in zip(order, known) if k] + [i for i, k in zip(order, known) if not k]
     batches = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
     meta = {"layer_ids": list(layer_ids), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
             "max_prompt_tokens": max_prompt_tokens, "sort_window": sort_window,
