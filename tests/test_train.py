@@ -406,6 +406,11 @@ def test_packed_responses_rebuild_a_data_folder_without_generating(tmp_path) -> 
     build_dataset(target, tok, prompts, tmp_path / "c", **kw, known_responses=altered)
     c = load_sequences(tmp_path / "c")
     assert int(c.offsets[-1] - c.prompt_lens.sum()) == 2 * 6
+    # a pack that covers some prompts only: those come first, in whole batches, unaltered by generation
+    part = {k: v[:1] for k, v in list(known.items())[:3]}
+    build_dataset(target, tok, prompts, tmp_path / "d", **kw, known_responses=part)
+    d = load_sequences(tmp_path / "d")
+    assert [int(d.offsets[i + 1] - d.offsets[i] - d.prompt_lens[i]) for i in range(2)] == [1, 1]
 
 
 @pytest.mark.slow
