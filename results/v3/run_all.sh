@@ -9,23 +9,23 @@ PY=${PY:-python}
 DRAFTER=${DRAFTER:-sglang_reanchor/assets/smollm2-135m-dflash-b16}
 OUT=results/v3
 
-# 1. Main benchmark, T=0, 10 samples of each dataset (MT-Bench: both turns), 64 new tokens:
+# 1. Main benchmark, T=0, 10 samples of each dataset (MT-Bench: both turns), 48 new tokens:
 #    target vs DFlash vs ReAnchor (paper's rule, library defaults D={1,2,3}, budget 48) vs
-#    ReAnchor with fixed-offset attachment D={1}, budget 20; Table 8 diagnostic on 2 samples.
+#    ReAnchor with fixed-offset attachment D={1}, budget 20; Table 8 diagnostic on 1 sample.
 $PY -m sglang_reanchor.bench --drafter "$DRAFTER" --datasets gsm8k humaneval mt-bench aime25 --limit 10 \
-    --max-new-tokens 64 --threads 2 --diagnostic 2 \
+    --max-new-tokens 48 --threads 2 --diagnostic 1 \
     --methods target dflash reanchor "reanchor:policy=offset,offsets=1,node_budget=20" --out $OUT/bench_t0
 
-# 2. Ablations (Tables 4, 6, 7), T=0, base D={1,2,3}, budget 48, GSM8K + HumanEval, 3 samples each.
-$PY -m sglang_reanchor.bench --drafter "$DRAFTER" --datasets gsm8k humaneval --limit 3 --max-new-tokens 64 \
+# 2. Ablations (Tables 4, 6, 7), T=0, base D={1,2,3}, budget 48, GSM8K + HumanEval, 2 samples each.
+$PY -m sglang_reanchor.bench --drafter "$DRAFTER" --datasets gsm8k humaneval --limit 2 --max-new-tokens 48 \
     --threads 2 --methods dflash reanchor --ablations --out $OUT/ablations_t0
 
 # 3. T = 1 sanity run (each method samples its own continuation).
-$PY -m sglang_reanchor.bench --drafter "$DRAFTER" --datasets gsm8k humaneval --limit 3 --max-new-tokens 64 \
+$PY -m sglang_reanchor.bench --drafter "$DRAFTER" --datasets gsm8k humaneval --limit 2 --max-new-tokens 48 \
     --temperature 1.0 --threads 2 --methods target dflash reanchor --out $OUT/bench_t1
 
 # 4. bfloat16 on this CPU (no AMX, no AVX-512 BF16): plain decoding in both precisions and the
-#    speculative methods in bfloat16, one sample per dataset, 32 new tokens.
-$PY -m sglang_reanchor.bench --drafter "$DRAFTER" --datasets gsm8k humaneval mt-bench aime25 --limit 1 \
-    --max-new-tokens 32 --threads 2 --no-trace \
+#    speculative methods in bfloat16, one sample of GSM8K and of HumanEval, 24 new tokens.
+$PY -m sglang_reanchor.bench --drafter "$DRAFTER" --datasets gsm8k humaneval --limit 1 \
+    --max-new-tokens 24 --threads 2 --no-trace \
     --methods target target:dtype=bfloat16 dflash:dtype=bfloat16 reanchor:dtype=bfloat16 --out $OUT/bf16
