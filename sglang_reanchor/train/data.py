@@ -24,6 +24,7 @@ not in ``A``.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -282,8 +283,6 @@ class _Rows:
         self.shape = torch.Size([self.starts[-1], *parts[0].shape[1:]])
 
     def __getitem__(self, rows: slice) -> Tensor:
-        import bisect
-
         k = bisect.bisect_right(self.starts, rows.start) - 1
         lo = self.starts[k]
         if rows.stop > self.starts[k + 1]:
