@@ -23,7 +23,7 @@ __all__ = ["TargetModel", "TargetOutput"]
 
 @dataclass(frozen=True)
 class TargetOutput:
-    logits: Tensor  # [1, n, V] float32
+    logits: Tensor  # [1, n, V] in the model's dtype (argmax is exact in it; sampling upcasts)
     features: Tensor | None  # [1, n, K*H]: concatenated hidden_states[l + 1]; None when not asked
 
 
@@ -118,7 +118,8 @@ class TargetModel:
         if features and self.layer_ids:
             hidden = out.hidden_states
             feats = torch.cat([hidden[lid + 1] for lid in self.layer_ids], dim=-1)
-        return TargetOutput(logits=out.logits.float(), features=feats)
+        # no float32 copy of [n, V]: greedy picks are the same in bf16, and `target_probs` upcasts
+        return TargetOutput(logits=out.logits, features=feats)
 
     @staticmethod
     def keep_tokens(cache: DynamicCache, prefix: int, keep: Tensor) -> None:

@@ -5,7 +5,8 @@ function of ``(seed, step)``, so a resumed run sees the same batches as an
 uninterrupted one), projects the cached target features into context K/V, runs every
 block of the batch in one drafter forward under `block_mask`, and applies
 `dflash_loss`. Only the drafter trains: the target's embeddings and ``lm_head`` are
-frozen and borrowed. AdamW, linear warmup then cosine decay to 10 %, grad-norm clip 1.
+frozen and borrowed. AdamW, linear warmup then cosine decay to 10 % (over ``total_steps``, or over the
+wall-clock budget ``minutes`` when that ends first), grad-norm clip 1.
 
 `fit` wraps it with a tqdm bar, a JSON-lines log, atomic checkpoints
 (``OUT/ckpt.pt``: drafter, optimizer, step, elapsed time, history) and validation
@@ -88,11 +89,14 @@ class Trainer:
                                      weight_decay=settings.weight_decay, fused=True)
         self.step_count = 0
 
-    def lr_at(self, step: int) -> float:
+    def lr_at(self, step: int, time_fraction: float = 0.0) -> float:
+        """Linear warmup, then cosine to 10 % by ``total_steps`` or, when a wall-clock
+        budget is set, by the end of it (``time_fraction``: share of ``minutes`` used),
+        whichever comes first: a run stopped by its budget still ends its schedule."""
         s = self.settings
         if step < s.warmup_steps:
             return s.lr * (step + 1) / s.warmup_steps
-        t = min(1.0, (step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps))
+        t = min(1.0, max((step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps), time_fraction))
         return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
     def batch(self, step: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -135,10 +139,11 @@ class Trainer:
         dev = self.drafter.fc.weight.device.type
         return torch.autocast(dev, dtype=torch.bfloat16, enabled=self.settings.autocast)
 
-    def step(self) -> dict[str, Any]:
-        """One optimizer step; returns ``{"step", "loss", "lr", "acc"}`` (acc per slot)."""
+    def step(self, time_fraction: float = 0.0) -> dict[str, Any]:
+        """One optimizer step; returns ``{"step", "loss", "lr", "acc"}`` (acc per slot).
+        ``time_fraction``: share of the wall-clock budget used so far (see `lr_at`)."""
         self.drafter.train()
-        lr = self.lr_at(self.step_count)
+        lr = self.lr_at(self.step_count, time_fraction)
         for group in self.opt.param_groups:
             group["lr"] = lr
         slots = None
@@ -237,7 +242,7 @@ def fit(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DFl
                      ckpt_path)
 
     while trainer.step_count < settings.total_steps and (budget is None or time.time() - start < budget):
-        rec = trainer.step()
+        rec = trainer.step(0.0 if budget is None else (time.time() - start) / budget)
         labels_seen += rec.pop("labels")
         rec["labels_seen"] = labels_seen
         rec["elapsed"] = round(time.time() - start, 1)
