@@ -7,7 +7,8 @@ A spec is ``METHOD[:KEY=VALUE,KEY=VALUE...]`` with ``METHOD`` one of ``target``,
 model (`sglang_reanchor.budget`; needs ``--profile``); ``dtype=float32`` (or
 ``bfloat16``) runs that method's target and drafter in another precision than the
 run's ``--dtype`` (any method; e.g. ``target:dtype=bfloat16`` measures plain decoding
-in both). The spec string is the method's label in every table. `ABLATIONS` are the
+in both); ``draft_vocab=K`` drafts over the drafter's ``K`` most frequent target tokens
+(its folder's ``draft_vocab.safetensors``; `sglang_reanchor.drafter.draft_vocab`). The spec string is the method's label in every table. `ABLATIONS` are the
 paper's Tables 4, 6 and 7.
 
 >>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
@@ -19,6 +20,8 @@ paper's Tables 4, 6 and 7.
 True
 >>> MethodSpec.parse("target:dtype=bfloat16").dtype
 'bfloat16'
+>>> MethodSpec.parse("dflash:draft_vocab=8192").draft_vocab
+8192
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class MethodSpec:
     changes: dict[str, object] = field(default_factory=dict)
     auto_budget: bool = False  # node_budget=auto: chosen per round from a cost profile
     dtype: str | None = None  # precision of this method's models (None: the run's --dtype)
+    draft_vocab: int | None = None  # draft over the drafter's K most frequent tokens (None: all)
 
     @staticmethod
     def parse(text: str) -> MethodSpec:
@@ -59,13 +63,18 @@ class MethodSpec:
             raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}")
         allowed = {f.name for f in fields(ReAnchorConfig)}
         changes: dict[str, object] = {}
-        auto, dtype = False, None
+        auto, dtype, vocab = False, None, None
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             if key == "dtype" and eq:
                 if value not in DTYPES:
                     raise ValueError(f"method spec {text!r}: dtype must be one of {', '.join(DTYPES)}")
                 dtype = value
+                continue
+            if key == "draft_vocab" and eq:
+                if method == "target" or not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"method spec {text!r}: draft_vocab takes an int >= 1 (dflash, reanchor)")
+                vocab = int(value)
                 continue
             if not eq or key not in allowed:
                 raise ValueError(f"method spec {text!r}: expected KEY=VALUE with KEY in {', '.join(sorted(allowed))}")
@@ -75,7 +84,8 @@ class MethodSpec:
             changes[key] = _convert(key, value)
         if (changes or auto) and method != "reanchor":
             raise ValueError(f"method spec {text!r}: only 'reanchor' takes config changes")
-        return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto, dtype=dtype)
+        return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto, dtype=dtype,
+                          draft_vocab=vocab)
 
     def config(self, base: ReAnchorConfig) -> ReAnchorConfig:
         """``base`` with this spec's changes (validated by `ReAnchorConfig`)."""

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter
+from ..drafter.draft_vocab import top_tokens
 from ..engine import GenerationResult, SpeculativeGenerator
 from . import analysis
 from .cost import CostProfile
@@ -90,7 +91,14 @@ class Runner:
                     raise ValueError(f"method {s.label!r}: node_budget=auto needs a cost profile "
                                      "(--profile cost_profile.json, from `python -m sglang_reanchor.bench cost`)")
                 policy = profile.budget_policy(config.offsets)
-            self.generators[s.label] = SpeculativeGenerator(*pairs[dtype], config, budget_policy=policy)
+            vocab = None
+            if s.draft_vocab is not None:
+                if drafter.vocab_ranking is None:
+                    raise ValueError(f"method {s.label!r}: the drafter folder has no draft_vocab.safetensors "
+                                     "(write one with `python -m sglang_reanchor.train draft-vocab`)")
+                vocab = top_tokens(drafter.vocab_ranking, s.draft_vocab, "the drafter's draft vocabulary")
+            self.generators[s.label] = SpeculativeGenerator(*pairs[dtype], config, budget_policy=policy,
+                                                            draft_vocab=vocab)
         self.diagnostic = analysis.DiagnosticGenerator(target, drafter, base_config)
 
     def run(self, samples: Sequence[Sample], desc: str = "bench") -> list[Record]:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from .config import DFlashConfig
 from .context import ContextKV
+from .draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab, save_draft_vocab
 
 __all__ = ["DFlashDrafter", "RMSNorm", "RotaryEmbedding"]
 
@@ -173,6 +174,9 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+        # target tokens ranked by frequency in the training responses, when the folder
+        # carries draft_vocab.safetensors (`draft_vocab.py`); only used when asked for
+        self.vocab_ranking: Tensor | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -345,6 +349,8 @@ class DFlashDrafter(nn.Module):
                 f"  wrong shapes: {wrong}")
         model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, assign=True)
         model.rotary_emb.inv_freq = model.rotary_emb.compute_inv_freq(model.fc.weight.device)
+        if (path / DRAFT_VOCAB_FILE).exists():
+            model.vocab_ranking = load_draft_vocab(path)
         return model.eval()
 
     def save_pretrained(self, path: str | Path) -> None:
@@ -355,6 +361,8 @@ class DFlashDrafter(nn.Module):
         (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+        if self.vocab_ranking is not None:
+            save_draft_vocab(path, self.vocab_ranking)
 
 
 def _read_safetensors(path: Path, device: torch.device | str | None) -> dict[str, Tensor]:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .context import DraftContextCache
+from .draft_vocab import DraftVocabHead
 from .model import DFlashDrafter
 
 __all__ = ["draft_blocks", "draft_hidden", "multi_anchor_mask"]
@@ -137,7 +138,7 @@ def draft_blocks(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tens
     """Greedy drafts of R blocks in one drafter forward.
 
     Arguments as `draft_hidden`, plus ``lm_head``: the target's output head
-    (``[.., H] -> [.., V]``).
+    (``[.., H] -> [.., V]``), or a `DraftVocabHead` of it (drafts from its tokens only).
 
     Returns
     -------
@@ -150,4 +151,6 @@ def draft_blocks(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tens
     # Logits for all B slots, slot 0 dropped after: the same drafts, and on CPU a GEMM
     # with M = B = 16 rows takes a faster path than M = 15 (about 2x here).
     drafts = lm_head(hidden).argmax(dim=-1)[:, :, 1:]  # [bs, R, B-1]
+    if isinstance(lm_head, DraftVocabHead):  # argmax over a reduced vocabulary: map back
+        drafts = lm_head.token_ids[drafts]
     return torch.cat([anchors[:, :, None], drafts], dim=-1)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..budget import BudgetPolicy
 from ..config import ReAnchorConfig
-from ..drafter import DFlashDrafter, DraftContextCache, draft_blocks
+from ..drafter import DFlashDrafter, DraftContextCache, DraftVocabHead, draft_blocks
 from ..sampling import SamplingParams, sample_tokens
 from ..suffix import RejectedSuffix, SuffixStore
 from ..tree import DraftTree, build_draft_tree
@@ -138,6 +138,10 @@ class SpeculativeGenerator:
     budget_policy:
         Optional; ReAnchor then chooses each round's node budget with it
         (`sglang_reanchor.budget`), overriding ``config.node_budget``.
+    draft_vocab:
+        Optional ``[K]`` token ids: drafts are the argmax over these tokens only
+        (`DraftVocabHead`, e.g. ``drafter.vocab_ranking[:K]``), a ``K / V`` share of the
+        drafter's LM-head work. The output is unchanged; only the drafts differ.
     """
 
     def __init__(
@@ -147,9 +151,12 @@ class SpeculativeGenerator:
         config: ReAnchorConfig | None = None,
         tokenizer: object | None = None,
         budget_policy: BudgetPolicy | None = None,
+        draft_vocab: Tensor | None = None,
     ) -> None:
         drafter.validate_target(target.config)
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
+        lm_head = self.target.lm_head
+        self.draft_head = lm_head if draft_vocab is None else DraftVocabHead(lm_head, draft_vocab)
         self.drafter = drafter.to(device=self.target.device).eval()
         self.config = config or ReAnchorConfig()
         self.tokenizer = tokenizer
@@ -314,7 +321,7 @@ class SpeculativeGenerator:
             extra_features=extra,
             extra_visible=torch.tensor([[0] + offsets], device=dev),
             embed_tokens=self.target.embed_tokens,
-            lm_head=self.target.lm_head,
+            lm_head=self.draft_head,
         )  # [1, 1 + R, B]
         rejected = suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long, device=dev)
         draft = _Draft(blocks=blocks, offsets=offsets, rejected_tokens=rejected)

@@ -128,6 +128,26 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     fit(model, tok, config, args.data, args.out, settings, resume=args.resume, init_from=args.init_from)
 
 
+def _cmd_draft_vocab(args: argparse.Namespace) -> None:
+    from ..drafter.draft_vocab import rank_tokens, save_draft_vocab
+    from .data import load_sequences
+
+    seqs = load_sequences(*args.data)
+    starts = seqs.offsets[:-1] + seqs.prompt_lens  # responses only: the tokens the target writes
+    in_response = torch.zeros(seqs.input_ids.shape[0] + 1, dtype=torch.long)
+    in_response.index_add_(0, starts, torch.ones_like(starts))
+    in_response.index_add_(0, seqs.offsets[1:], -torch.ones_like(starts))
+    responses = seqs.input_ids[in_response.cumsum(0)[:-1].bool()]
+    config = json.loads((Path(args.drafter) / "config.json").read_text())
+    meta = json.loads((Path(args.data[0]) / "meta.json").read_text())
+    ranking = rank_tokens(responses, int(config["vocab_size"]), always=tuple(meta.get("eos_ids", ())))
+    path = save_draft_vocab(args.drafter, ranking)
+    share = {k: round(float(torch.isin(responses, ranking[:k]).float().mean()), 5)
+             for k in (2048, 4096, 8192, 16384) if k <= ranking.numel()}
+    print(f"{ranking.numel()} tokens ranked from {responses.numel()} response tokens -> {path}; "
+          f"share of response tokens covered by the top K: {share}")
+
+
 def _cmd_export(args: argparse.Namespace) -> None:
     from .trainer import export
 
@@ -228,6 +248,12 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--out", required=True, help="folder for curve.json and curve.png")
     c.add_argument("--title", default="")
     c.set_defaults(func=_cmd_curve)
+
+    v = sub.add_parser("draft-vocab", help="rank the target's response tokens by frequency into a drafter "
+                       "folder (draft_vocab.safetensors: drafting over the top K only, `draft_vocab=K`)")
+    v.add_argument("--data", required=True, nargs="+", help="`data` folders whose responses are counted")
+    v.add_argument("--drafter", required=True, help="the drafter folder to write draft_vocab.safetensors into")
+    v.set_defaults(func=_cmd_draft_vocab)
 
     e = sub.add_parser("export", help="write a z-lab folder from a checkpoint")
     e.add_argument("--ckpt", required=True)
