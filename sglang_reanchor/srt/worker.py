@@ -333,21 +333,24 @@ class ReAnchorWorker(DFlashWorkerV2):
         """Accept with the target's pick at every node: argmax, or a sample from its distribution.
 
         ``logits``: ``[bs, N, V]``, row ``i`` = the target after node ``i``.
+
+        Both the picks and the top-1 predictions are the TP-synced ones: the
+        predictions become the next round's shifted anchors, so a rank whose
+        local argmax broke a near-tie differently would draft a different tree.
         """
-        top1 = logits.argmax(-1)
+        top1 = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, logits.argmax(-1))  # [bs, N]
         if sampling_info is None or sampling_info.is_all_greedy:
-            picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, top1)
-        else:
-            picks = top1.clone()
-            vocab = logits.shape[-1]
-            for b in range(tree.batch_size):
-                temperature = float(sampling_info.temperatures[b])
-                top_k = int(sampling_info.top_ks[b])
-                if top_k == 1 or temperature <= 1e-6:
-                    continue
-                top_p = float(sampling_info.top_ps[b])
-                params = SamplingParams(temperature=temperature, top_k=top_k if 0 < top_k < vocab else None,
-                                        top_p=top_p if top_p < 1.0 else None)
-                picks[b] = sample_tokens(logits[b], params, self._sample_rng)
-            picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, picks)
+            return accept_tree(tree, top1, top1)
+        picks = top1.clone()
+        vocab = logits.shape[-1]
+        for b in range(tree.batch_size):
+            temperature = float(sampling_info.temperatures[b])
+            top_k = int(sampling_info.top_ks[b])
+            if top_k == 1 or temperature <= 1e-6:
+                continue
+            top_p = float(sampling_info.top_ps[b])
+            params = SamplingParams(temperature=temperature, top_k=top_k if 0 < top_k < vocab else None,
+                                    top_p=top_p if top_p < 1.0 else None)
+            picks[b] = sample_tokens(logits[b], params, self._sample_rng)
+        picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, picks)
         return accept_tree(tree, picks, top1)
