@@ -53,8 +53,9 @@ def pair(tmp_path_factory):
     return root, target, drafter
 
 
-def serve(root: Path, algorithm: str, rounds: list, config: str | None, trace: Path | None) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+def serve(root: Path, algorithm: str, rounds: list, config: str | None, trace: Path | None,
+          extra_env: dict[str, str] | None = None) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", **(extra_env or {})}
     env.pop("SGLANG_REANCHOR_CONFIG", None)
     if config:
         env["SGLANG_REANCHOR_CONFIG"] = config
@@ -136,3 +137,52 @@ def test_grammar_and_logprob_requests_are_refused_and_the_server_goes_on(pair):
     gen = SpeculativeGenerator(target, drafter, config=parse_config("{}"))
     for rid, (ids, m) in (("ok", (prompt, n)), ("after", (PROMPTS["c"][0], 8))):
         assert got[rid]["output_ids"] == gen.generate(ids, m, method="reanchor").tokens, rid
+
+
+PROBE = """
+import json, os
+
+
+def register():
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    targets = {"extend_kwargs": (ModelRunner, "_extend_forward_kwargs"),
+               "triton_extend": (TritonAttnBackend, "forward_extend")}
+    originals = {k: cls.__dict__[name] for k, (cls, name) in targets.items()}
+
+    def after_scheduler_init(result, *args, **kwargs):
+        untouched = {k: cls.__dict__[name] is originals[k] for k, (cls, name) in targets.items()}
+        with open(os.environ["PROBE_OUT"], "a") as f:
+            f.write(json.dumps(untouched) + "\\n")
+        return result
+
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.__init__", after_scheduler_init, HookType.AFTER)
+"""
+
+
+def test_plain_server_keeps_sglang_functions_untouched(pair, tmp_path):
+    """In a scheduler process, once its workers exist, the plugin's serving hooks are in only under REANCHOR.
+
+    A second plugin (a dist-info on PYTHONPATH, loaded by SGLang's ``load_plugins``
+    like this package) records SGLang's original functions at plugin-load time and,
+    after ``Scheduler.__init__``, whether they are still the originals.
+    """
+    root, _, _ = pair
+    site = tmp_path / "probe_site"
+    (site / "reanchor_probe-0.0.dist-info").mkdir(parents=True)
+    (site / "reanchor_probe-0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: reanchor-probe\nVersion: 0.0\n")
+    (site / "reanchor_probe-0.0.dist-info" / "entry_points.txt").write_text(
+        "[sglang.srt.plugins]\nprobe = reanchor_probe:register\n")
+    (site / "reanchor_probe.py").write_text(PROBE)
+    pythonpath = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    seen = {}
+    for algorithm in ("NONE", "REANCHOR"):
+        out = tmp_path / f"probe-{algorithm}.jsonl"
+        rounds = [[{"rid": "x", "input_ids": PROMPTS["b"][0], "max_new_tokens": 2}]]
+        got = serve(root, algorithm, rounds, None, None, {"PYTHONPATH": pythonpath, "PROBE_OUT": str(out)})
+        assert len(got["x"]["output_ids"]) == 2
+        seen[algorithm] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert seen["NONE"] == [{"extend_kwargs": True, "triton_extend": True}]  # plain: SGLang's own code path
+    assert seen["REANCHOR"] == [{"extend_kwargs": False, "triton_extend": False}]  # the probe sees hooks

@@ -12,7 +12,9 @@ The hooks are registered only on a machine where SGLang sees no accelerator
 platform (no CUDA/HIP/XPU/NPU/MUSA, no CPU engine): there the patched code would
 otherwise fail, so they change nothing anywhere else.
 
-Two hooks apply everywhere, because what they fix is not CPU-specific:
+Two hooks are not CPU-specific; they are installed only in a process that serves
+REANCHOR (`install_reanchor_hooks`, called by ``ReAnchorWorker.__init__``), so a
+plain or DFLASH server with this package installed runs SGLang's own functions:
 
 - The Triton attention backend calls its extend kernel with
   ``skip_prefix_custom_mask=True``: a custom mask governs only the new tokens and
@@ -34,7 +36,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["needs_cpu_hooks", "register_cpu_hooks", "register_dtype_hooks", "register_mask_hooks"]
+__all__ = ["EXTEND_KWARGS", "TRITON_EXTEND", "install_reanchor_hooks", "needs_cpu_hooks", "register_cpu_hooks",
+           "register_dtype_hooks", "register_mask_hooks"]
 
 ROPE_INIT = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
 EXTEND_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
@@ -110,3 +113,26 @@ def register_mask_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TRITON_EXTEND, _extend_with_prefix_mask, HookType.AROUND)
+
+
+_installed = False
+
+
+def install_reanchor_hooks() -> bool:
+    """Patch the dtype and Triton prefix-mask hooks in now; returns False if already done.
+
+    Called from ``ReAnchorWorker.__init__`` (before its model runners exist), not
+    from the plugin entry point: ``load_plugins()`` runs in every SGLang process,
+    and these hooks must not touch a server whose algorithm is not REANCHOR.
+    ``HookRegistry.apply_hooks`` patches only targets not patched yet.
+    """
+    global _installed
+    if _installed:
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    register_dtype_hooks()
+    register_mask_hooks()
+    HookRegistry.apply_hooks()
+    _installed = True
+    return True

@@ -34,15 +34,14 @@ def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
-    from .cpu_compat import register_cpu_hooks, register_dtype_hooks, register_mask_hooks
+    from .cpu_compat import register_cpu_hooks
     from .request_checks import register_request_hooks
     from .spec import NAME, ReAnchorSpecAlgo, validate_server_args
 
     if get_spec(NAME) is not None:
         return
     register_cpu_hooks()  # plain-CPU serving only; see cpu_compat
-    register_dtype_hooks()  # drafters in float32/float16; see cpu_compat
-    register_mask_hooks()  # the draft window's prefix mask on Triton; see cpu_compat
+    # The dtype and Triton mask hooks are installed by ReAnchorWorker (REANCHOR processes only).
     register_request_hooks()  # grammar / logprob requests refused on arrival; see request_checks
     SpeculativeAlgorithm.register(
         NAME,

@@ -61,6 +61,7 @@ from sglang.srt.speculative.spec_utils import draft_tp_context
 from ..sampling import SamplingParams, sample_tokens
 from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, accept_tree
+from .cpu_compat import install_reanchor_hooks
 from .layout import commit_plan, draft_window, verify_inputs
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
@@ -89,6 +90,7 @@ class ReAnchorWorker(DFlashWorkerV2):
     """The ``REANCHOR`` speculative worker (synchronous: overlap scheduling is off)."""
 
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        install_reanchor_hooks()  # this process serves REANCHOR: drafter dtype, Triton prefix mask (cpu_compat)
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         mark_active()  # this scheduler now refuses what REANCHOR cannot serve (request_checks)
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
