@@ -1,0 +1,123 @@
+"""Tau-against-node-budget curves from saved CPU benchmark runs, for the GPU projection.
+
+    python scripts/gpu_projection_inputs.py [--out results/gpu_projection_inputs.json]
+
+Reads traced benchmark records already in ``results/`` (nothing is run: a second or
+two of JSON reading) and writes, per (source run, method), the round-weighted
+acceptance length ``tau(b)`` and tree nodes per round ``nodes(b)`` at every node budget
+``b`` the run can answer, plus drafter blocks per round. ``scripts/gpu_check.py`` reads
+this file and combines it with costs measured on a GPU.
+
+Why a budget curve can come from one run: tree nodes are numbered parents first and a
+budget keeps the lowest ids, so a round verified with budget ``B`` shows what every
+``b <= B`` would have accepted (``Record.stats["budget_tau"]``, see
+``sglang_reanchor.bench.analysis.budget_taus``). Budgets above the run's own budget are
+dropped: the run never verified those nodes.
+
+Sources (the CPU's real pair, SmolLM2-135M-Instruct + the shipped v2 drafter, T = 0):
+
+- ``results/v3/bench_t0/results.json``: the current benchmark (evaluation prompts;
+  ReAnchor at budget 48 and fixed-offset D={1} at budget 20);
+- ``results/cost/sweep/results.json``: the cost sweep (development prompts; ReAnchor with
+  D = {1}, {1,2}, {1,2,3} traced at budget 128, so the whole curve up to 128 nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from sglang_reanchor.bench.cost import mean_rows  # noqa: E402
+from sglang_reanchor.bench.methods import MethodSpec  # noqa: E402
+from sglang_reanchor.bench.metrics import Record  # noqa: E402
+from sglang_reanchor.config import ReAnchorConfig  # noqa: E402
+
+SOURCES: tuple[tuple[str, str], ...] = (
+    ("results/v3/bench_t0/results.json", "evaluation prompts (GSM8K, HumanEval, MT-Bench, AIME25; 10 each)"),
+    ("results/cost/sweep/results.json", "development prompts (GSM8K, HumanEval; 2 each, --skip 50)"),
+)
+DEFAULT_OUT = "results/gpu_projection_inputs.json"
+
+
+def curves_from_run(path: Path, label: str) -> list[dict]:
+    """One curve per traced speculative method of the run at ``path`` (relative to the repo)."""
+    run = json.loads((ROOT / path).read_text())
+    base = ReAnchorConfig()
+    if run["meta"].get("config") != repr(base):
+        raise ValueError(f"{path}: base config {run['meta'].get('config')!r} is not the library default; "
+                         "the run budgets below would be wrong")
+    by_method: dict[str, list[Record]] = {}
+    for raw in run["records"]:
+        rec = Record(**raw)
+        if rec.method != "diagnostic" and rec.rounds and rec.stats.get("budget_tau"):
+            by_method.setdefault(rec.method, []).append(rec)
+    curves = []
+    for method, recs in by_method.items():
+        spec = MethodSpec.parse(method)
+        if spec.method == "target" or spec.auto_budget:
+            continue
+        rounds = sum(r.rounds for r in recs)
+        if spec.method == "dflash":
+            tau = sum(sum(r.taus) for r in recs) / rounds
+            nodes = sum(sum(r.tree_sizes) for r in recs) / rounds
+            points = [{"budget": round(nodes), "tau": tau, "nodes": nodes}]
+            offsets, policy, run_budget = [], "chain", round(nodes)
+        else:
+            config = spec.config(base)
+            offsets, policy, run_budget = list(config.offsets), config.policy, config.node_budget
+            budgets = sorted({int(b) for r in recs for b in r.stats["budget_tau"] if int(b) <= run_budget})
+            points = [{"budget": b,
+                       "tau": sum(r.stats["budget_tau"][str(b)] for r in recs) / rounds,
+                       "nodes": sum(r.stats["budget_nodes"][str(b)] for r in recs) / rounds} for b in budgets]
+            # the run's own tau must be the curve's value at its own budget (a consistency check)
+            own = sum(sum(r.taus) for r in recs) / rounds
+            if points and points[-1]["budget"] == run_budget and abs(points[-1]["tau"] - own) > 1e-9:
+                raise ValueError(f"{path} {method}: budget_tau at {run_budget} ({points[-1]['tau']}) "
+                                 f"!= the run's tau ({own})")
+        curves.append({
+            "source": str(path), "prompts": label, "method": spec.method, "label": method,
+            "offsets": offsets, "policy": policy, "run_budget": run_budget,
+            "responses": len(recs), "rounds": rounds, "blocks_per_round": mean_rows(recs), "points": points,
+        })
+    return curves
+
+
+def build_inputs() -> dict:
+    """The whole projection-inputs document (see the module docstring)."""
+    curves = [c for path, label in SOURCES for c in curves_from_run(Path(path), label)]
+    meta = {path: json.loads((ROOT / path).read_text())["meta"] for path, _ in SOURCES}
+    return {
+        "what": "tau (accepted drafts + 1, per verify round, round-weighted) and tree nodes per round "
+                "against node budget, traced on CPU runs of SmolLM2-135M-Instruct + the shipped DFlash "
+                "drafter at T = 0; budgets above a run's own budget are not included",
+        "made_by": "python scripts/gpu_projection_inputs.py",
+        "pair": meta[SOURCES[0][0]].get("drafter", "") + "; target " + meta[SOURCES[0][0]].get("target", ""),
+        "sources": {path: {"command": m.get("command", ""), "date_utc": m.get("date_utc", "")}
+                    for path, m in meta.items()},
+        "curves": curves,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output JSON (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    doc = build_inputs()
+    out = Path(args.out)
+    out = out if out.is_absolute() else ROOT / out
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for c in doc["curves"]:
+        pts = ", ".join(f"{p['budget']}: {p['tau']:.3f}" for p in c["points"])
+        print(f"{c['source']} {c['label']}: {c['rounds']} rounds, {c['blocks_per_round']:.2f} blocks/round; "
+              f"tau by budget {pts}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
