@@ -174,8 +174,8 @@ class DiagnosticGenerator(SpeculativeGenerator):
     row goes to its first `MAX_SITES` matching sites at most.
     """
 
-    def _build_tree(self, draft: _Draft, node_budget: int) -> DraftTree:
-        del node_budget  # lifted: every site of every row is verified
+    def _build_tree(self, draft: _Draft, node_budget: int, tree_rng: torch.Generator) -> DraftTree:
+        del node_budget, tree_rng  # lifted: every site of every row is verified, none drawn
         base, rows = draft.blocks[:, 0], draft.blocks[:, 1:]  # [1, B], [1, R, B]
         dup_rows, dup_offsets, dup_sites = [], [], []
         for r, d in enumerate(draft.offsets):

@@ -220,9 +220,12 @@ class SpeculativeGenerator:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
         rng = torch.Generator(device=self.target.device)
         rng.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
+        # policy="random" draws its sites from here: a given seed reproduces the whole run
+        tree_rng = self._tree_rng if seed is None else torch.Generator().manual_seed(
+            (self.config.seed * 1_000_003 + seed) % 2**63)
         request_id = uuid.uuid4().hex
         try:
-            return self._speculate(prompt, max_new_tokens, method, params, rng, request_id, trace)
+            return self._speculate(prompt, max_new_tokens, method, params, rng, request_id, trace, tree_rng)
         finally:
             self.suffixes.release(request_id)  # finished, failed or interrupted: free its state
 
@@ -238,6 +241,7 @@ class SpeculativeGenerator:
         rng: torch.Generator,
         request_id: str,
         trace: bool = False,
+        tree_rng: torch.Generator | None = None,
     ) -> GenerationResult:
         t0 = time.perf_counter()
         req = self._prefill(prompt, params, rng, request_id, with_drafter=method != "target")
@@ -251,7 +255,8 @@ class SpeculativeGenerator:
                 continue
             node_budget = budget.next_budget() if budget else self.config.node_budget
             # one drafter forward, then one target forward over every node
-            tree, draft = self._propose(req, shifted=method == "reanchor", node_budget=node_budget)
+            tree, draft = self._propose(req, shifted=method == "reanchor", node_budget=node_budget,
+                                        tree_rng=tree_rng or self._tree_rng)
             positions = tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device))
             verified = self.target.forward(tree.tokens, positions, req.cache, tree.ancestor_mask()[0])
             acc = verify_tree(tree, verified.logits, params, rng)
@@ -304,7 +309,8 @@ class SpeculativeGenerator:
         req.bonus = int(sample_tokens(out.logits[:, -1], params, rng)[0])
         return req.bonus
 
-    def _propose(self, req: _Request, *, shifted: bool, node_budget: int) -> tuple[DraftTree, _Draft]:
+    def _propose(self, req: _Request, *, shifted: bool, node_budget: int,
+                 tree_rng: torch.Generator) -> tuple[DraftTree, _Draft]:
         """Draft the baseline block (and, for ReAnchor, the shifted blocks) in one forward;
         ReAnchor's tree keeps at most ``node_budget`` nodes."""
         s, dev = req.seq_len, self.target.device
@@ -325,9 +331,9 @@ class SpeculativeGenerator:
         )  # [1, 1 + R, B]
         rejected = suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long, device=dev)
         draft = _Draft(blocks=blocks, offsets=offsets, rejected_tokens=rejected)
-        return (self._build_tree(draft, node_budget) if shifted else DraftTree.chain(blocks[:, 0])), draft
+        return (self._build_tree(draft, node_budget, tree_rng) if shifted else DraftTree.chain(blocks[:, 0])), draft
 
-    def _build_tree(self, draft: _Draft, node_budget: int) -> DraftTree:
+    def _build_tree(self, draft: _Draft, node_budget: int, tree_rng: torch.Generator) -> DraftTree:
         """Attach the shifted rows to the baseline chain (``self.config``'s policy)."""
         dev = draft.blocks.device
         config = self.config if node_budget == self.config.node_budget else self.config.replace(node_budget=node_budget)
@@ -338,7 +344,7 @@ class SpeculativeGenerator:
             row_valid=torch.ones(1, len(draft.offsets), dtype=torch.bool, device=dev),
             rejected_tokens=draft.rejected_tokens,
             config=config,
-            generator=self._tree_rng,
+            generator=tree_rng,
         )
 
     def _commit(self, req: _Request, tree: DraftTree, acc: Acceptance, features: Tensor) -> None:
