@@ -79,3 +79,48 @@ def test_a_seed_reproduces_the_random_attachment_policy():
     first, again, other = trees(11), trees(11), trees(12)
     assert first == again
     assert first != other  # and the seed matters
+
+
+def exact_pair_marginal(target, prompt, params, steps):
+    """P(tokens steps-1 and steps of the continuation) by enumerating every prefix, [V, V]."""
+    probs = {(): 1.0}
+    for _ in range(steps):
+        prefixes = list(probs)
+        grown = torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)
+        ids = torch.cat([prompt.expand(len(prefixes), -1), grown], 1)
+        with torch.no_grad():
+            nxt = target_probs(target(ids).logits[:, -1], params)
+        probs = {p + (t,): probs[p] * float(nxt[i, t]) for i, p in enumerate(prefixes) for t in range(VOCAB)}
+    pair = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for seq, p in probs.items():
+        pair[seq[-2], seq[-1]] += p
+    return pair
+
+
+@pytest.mark.parametrize("budget", [False, True], ids=["fixed-budget", "budget-policy"])
+def test_tokens_decided_by_shifted_rows_follow_the_target_distribution(budget):
+    """Later tokens (5 and 6), emitted in rounds whose trees hold shifted rows, and
+    often accepted through them, have the target's joint distribution."""
+    from sglang_reanchor.budget import BudgetPolicy
+
+    steps = 6
+    target = tiny_target("llama", vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1, seed=3)
+    target.generation_config.eos_token_id = target.config.eos_token_id = None
+    drafter = tiny_drafter(target, block_size=4, seed=5)
+    policy = BudgetPolicy(verify_seconds={1: 1.0, 4: 1.0, 24: 1.5}, candidates=(3, 8, 24), explore_every=2) if budget else None
+    gen = SpeculativeGenerator(target, drafter, ReAnchorConfig(offsets=(1, 2), policy="offset", node_budget=24),
+                               budget_policy=policy)
+    prompt = torch.tensor([[1, 3, 0]])
+    params = SamplingParams(temperature=1.0)
+    pair = exact_pair_marginal(target, prompt, params, steps)
+    trials, counts, shifted = 800, Counter(), 0
+    for seed in range(trials):
+        out = gen.generate(prompt, steps, method="reanchor", temperature=1.0, seed=seed)
+        counts[tuple(out.tokens[-2:])] += 1
+        shifted += sum(out.shifted_accepts) > 0
+    assert shifted >= trials // 10, shifted  # shifted-row nodes really decided tokens in many runs
+    assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
+    for a in range(VOCAB):
+        for b in range(VOCAB):
+            p, freq = float(pair[a, b]), counts[(a, b)] / trials
+            assert abs(freq - p) <= 4.5 * math.sqrt(p * (1 - p) / trials) + 2 / trials, ((a, b), freq, p)
