@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -330,6 +332,15 @@ def test_token_hashes_identity_and_the_fastest_plain_baseline(pair, tmp_path):
         assert len({by[(s, m)].token_hash for m in ("target", "dflash", "reanchor:offsets=1/2")}) == 1
     ident = metrics.identity_report(records)
     assert ident["float64"]["responses"] == 2 and ident["float64"]["identical"] == 2
+    per = ident["float64"]["methods"]
+    assert set(per) == {"dflash", "reanchor:offsets=1/2"} and all(m["reference"] == "target" for m in per.values())
+    assert all(m["identical"] == 2 and m["token_share"] == 1.0 for m in per.values())
+    # a response that differs from plain decoding at its 4th token counts 3 agreeing positions
+    bent = [dataclasses.replace(r, token_ids=r.token_ids[:3] + [(r.token_ids[3] + 1) % 7] + r.token_ids[4:],
+                                token_hash="x")
+            if (r.method, r.sample) == ("dflash", "a") else r for r in records]
+    per = metrics.identity_report(bent)["float64"]["methods"]["dflash"]
+    assert per["identical"] == 1 and per["tokens_before_difference"] == 3 + len(by[("b", "dflash")].token_ids)
     base = metrics.baseline_method(records)
     assert base in ("target", "target:dtype=float32")
     other = "float32" if base == "target" else "float64"

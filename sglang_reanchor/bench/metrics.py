@@ -61,11 +61,11 @@ def identity_report(records: list[Record]) -> dict[str, dict[str, float]]:
     for r in records:
         if r.method != "diagnostic":
             groups[(r.dataset, r.sample, r.turn, r.dtype)].append(r)
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict] = {}
     for dtype in sorted({k[3] for k in groups}):
         keys = [k for k in groups if k[3] == dtype]
         same = sum(len({r.token_hash for r in groups[k]}) == 1 for k in keys)
-        out[dtype] = {"responses": len(keys), "identical": same}
+        out[dtype] = {"responses": len(keys), "identical": same, "methods": _agreement_by_method(groups, keys)}
     dtypes = sorted(out)
     if len(dtypes) > 1:
         base = next((r.dtype for r in records if r.method == baseline_method(records)), dtypes[0])
@@ -83,6 +83,31 @@ def identity_report(records: list[Record]) -> dict[str, dict[str, float]]:
                 tot += max(len(a), len(b))
             out[other] |= {f"agree_with_{base}_responses": agree, "compared_responses": resp,
                            f"agree_with_{base}_token_share": tok / tot if tot else float("nan")}
+    return out
+
+
+def _agreement_by_method(groups: dict, keys: list) -> dict[str, dict[str, float]]:
+    """Per method of one precision, against that precision's plain decoding (its
+    ``target`` method, else its first): responses with the same ids, and the share of
+    token positions before the first difference. Where a bfloat16 tree verify and a
+    one-token bfloat16 forward round a near-tie differently, this is how often."""
+    out: dict[str, dict[str, float]] = {}
+    for k in keys:
+        recs = groups[k]
+        ref = next((r for r in recs if r.method.split(":")[0] == "target"), recs[0])
+        for r in recs:
+            if r is ref:
+                continue
+            a, b = ref.token_ids, r.token_ids
+            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            m = out.setdefault(r.method, {"reference": ref.method, "responses": 0, "identical": 0,
+                                          "tokens_before_difference": 0, "tokens": 0})
+            m["responses"] += 1
+            m["identical"] += a == b
+            m["tokens_before_difference"] += n
+            m["tokens"] += max(len(a), len(b))
+    for m in out.values():
+        m["token_share"] = m["tokens_before_difference"] / m["tokens"] if m["tokens"] else float("nan")
     return out
 
 

@@ -139,8 +139,13 @@ def identity_markdown(records: list[Record]) -> str:
         cross = (f"{agree[1]} / {r['compared_responses']} responses, {_fmt(100 * share, 1)} % of tokens"
                  if agree and share is not None else "–")
         rows.append([dtype or "?", f"{r['identical']} / {r['responses']}", cross])
-    return _table(["precision", "responses with identical tokens across its methods",
-                   "first turns equal to the baseline precision's"], rows)
+    table = _table(["precision", "responses with identical tokens across its methods",
+                    "first turns equal to the baseline precision's"], rows)
+    per = [[dtype, m, r["reference"], f"{r['identical']} / {r['responses']}", _fmt(100 * r["token_share"], 1)]
+           for dtype, rep_d in rep.items() for m, r in rep_d["methods"].items()]
+    return table + "\n\nPer method, against plain decoding in the same precision (token share: positions " \
+        "before the first difference, over all positions):\n\n" + _table(
+            ["precision", "method", "against", "identical responses", "token share (%)"], per)
 
 
 def markdown_report(records: list[Record], meta: dict) -> str:
