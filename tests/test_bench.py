@@ -17,7 +17,7 @@ from sglang_reanchor.bench.datasets import MATH_SUFFIX, Sample, load_dataset, pa
 from sglang_reanchor.bench.methods import MethodSpec, parse_methods
 from sglang_reanchor.bench.metrics import Record, summarize
 from sglang_reanchor.bench.report import write_report
-from sglang_reanchor.bench.runner import BenchSettings, Runner
+from sglang_reanchor.bench.runner import BenchSettings, Runner, _record
 from sglang_reanchor.engine.generator import RoundTrace
 from sglang_reanchor.tree import DraftTree, build_draft_tree
 
@@ -354,3 +354,28 @@ def test_token_hashes_identity_and_the_fastest_plain_baseline(pair, tmp_path):
     assert "Identical tokens" in md and f"speedup over `{base}`" in md
     with pytest.raises(ValueError, match="dtype must be one of"):
         MethodSpec.parse("target:dtype=int8")
+
+
+def test_a_divergence_from_plain_decoding_is_explained_by_the_logit_gap_there(pair):
+    """Where a method's ids leave plain decoding's (at T=0 only near-ties of a lower
+    precision do that), the runner stores where, which tokens, and the target's logit
+    gap between them in the method's precision and in float32."""
+    target, drafter = pair  # float64
+    runner = Runner(target, drafter, parse_methods(["target", "dflash"]), ReAnchorConfig(), _codec,
+                    lambda ids: "x", BenchSettings(max_new_tokens=6, warmup=False))
+    ids = [1, 3, 4]
+    plain = runner.generators["target"].generate(ids, 6, method="target")
+    bent = dataclasses.replace(plain, tokens=plain.tokens[:2] + [(plain.tokens[2] + 1) % 8] + plain.tokens[3:])
+    sample = Sample("d", "0", ("hi",))
+    recs = [_record(sample, 0, "target", plain, "float64"), _record(sample, 0, "dflash", bent, "float64")]
+    runner._explain_divergences(ids, {"target": plain, "dflash": bent}, recs)
+    div = recs[1].stats["divergence"]
+    assert "divergence" not in recs[0].stats
+    assert div["position"] == 2 and div["plain_token"] == plain.tokens[2] and div["method_token"] == bent.tokens[2]
+    with torch.no_grad():
+        logits = target(torch.tensor([ids + plain.tokens[:2]])).logits[0, -1]
+    want = float(logits[plain.tokens[2]] - logits[bent.tokens[2]])
+    assert div["gap_float64"] == pytest.approx(want) and div["gap_float32"] == pytest.approx(want, rel=1e-4)
+    assert want > 0  # plain decoding's token is the argmax there
+    per = metrics.identity_report(recs)["float64"]["methods"]["dflash"]
+    assert per["largest_gap_float32"] == pytest.approx(abs(want), rel=1e-4)

@@ -101,7 +101,10 @@ def _agreement_by_method(groups: dict, keys: list) -> dict[str, dict[str, float]
             a, b = ref.token_ids, r.token_ids
             n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             m = out.setdefault(r.method, {"reference": ref.method, "responses": 0, "identical": 0,
-                                          "tokens_before_difference": 0, "tokens": 0})
+                                          "tokens_before_difference": 0, "tokens": 0, "largest_gap_float32": None})
+            gap = r.stats.get("divergence", {}).get("gap_float32")
+            if gap is not None:  # a divergence explained by `Runner`: the target's logit gap there
+                m["largest_gap_float32"] = max(abs(gap), m["largest_gap_float32"] or 0.0)
             m["responses"] += 1
             m["identical"] += a == b
             m["tokens_before_difference"] += n

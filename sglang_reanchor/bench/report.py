@@ -141,11 +141,13 @@ def identity_markdown(records: list[Record]) -> str:
         rows.append([dtype or "?", f"{r['identical']} / {r['responses']}", cross])
     table = _table(["precision", "responses with identical tokens across its methods",
                     "first turns equal to the baseline precision's"], rows)
-    per = [[dtype, m, r["reference"], f"{r['identical']} / {r['responses']}", _fmt(100 * r["token_share"], 1)]
+    per = [[dtype, m, r["reference"], f"{r['identical']} / {r['responses']}", _fmt(100 * r["token_share"], 1),
+            "–" if r.get("largest_gap_float32") is None else f"{r['largest_gap_float32']:.3g}"]
            for dtype, rep_d in rep.items() for m, r in rep_d["methods"].items()]
     return table + "\n\nPer method, against plain decoding in the same precision (token share: positions " \
-        "before the first difference, over all positions):\n\n" + _table(
-            ["precision", "method", "against", "identical responses", "token share (%)"], per)
+        "before the first difference, over all positions; gap: the largest float32 logit gap between the two " \
+        "tokens where they part, i.e. how near a tie it was):\n\n" + _table(
+            ["precision", "method", "against", "identical responses", "token share (%)", "largest gap (fp32)"], per)
 
 
 def markdown_report(records: list[Record], meta: dict) -> str:

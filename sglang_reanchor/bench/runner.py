@@ -78,6 +78,7 @@ class Runner:
         self.specs = list(specs)
         self.encode, self.decode, self.settings = encode, decode, settings
         self.generators = {}
+        self._copies: dict[torch.dtype, torch.nn.Module] = {}
         self.dtypes: dict[str, str] = {}
         pairs: dict[torch.dtype, tuple[torch.nn.Module, DFlashDrafter]] = {target.dtype: (target, drafter)}
         for s in specs:
@@ -122,6 +123,7 @@ class Runner:
             ids = self.encode(messages)
             seed = self.settings.seed + 1000 * turn + zlib.crc32(sample.id.encode()) % 1000
             answers: dict[str, GenerationResult] = {}
+            first = len(out)  # this turn's records start here
             for spec in order:
                 result = self._generate(self.generators[spec.label], ids, spec.method, seed)
                 answers[spec.label] = result
@@ -130,9 +132,46 @@ class Runner:
                 result = self._generate(self.diagnostic, ids, "reanchor", seed)
                 rec = _record(sample, turn, "diagnostic", result, self.dtypes[self.specs[0].label])
                 out.append(rec)
+            self._explain_divergences(ids, answers, out[first:])
             reply = answers[self.specs[0].label]
             messages.append({"role": "assistant", "content": self.decode(reply.tokens)})
         return out
+
+    def _explain_divergences(self, ids: list[int], answers: dict[str, GenerationResult],
+                             records: list[Record]) -> None:
+        """At T=0, where a method's tokens leave plain decoding's in the same precision,
+        store the position and the target's logit gap between the two tokens there, in
+        that precision and in float32 (``stats["divergence"]``): a gap near 0 is a
+        near-tie that a tree verify and a one-token forward round differently."""
+        if self.settings.temperature != 0:
+            return
+        plain = {self.dtypes[s.label]: answers[s.label] for s in self.specs if s.method == "target"}
+        for rec in records:
+            ref = plain.get(rec.dtype)
+            if rec.method == "diagnostic" or ref is None or rec.token_ids == ref.tokens:
+                continue
+            a, b = ref.tokens, rec.token_ids
+            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if n is None:  # one is a prefix of the other (a stop token)
+                continue
+            prefix = torch.tensor([ids + a[:n]])
+            gaps = {}
+            for dtype in (rec.dtype, "float32"):
+                model = self._model_in(dtype)
+                with torch.inference_mode():
+                    logits = model(input_ids=prefix.to(model.device), logits_to_keep=1).logits[0, -1].float()
+                gaps[f"gap_{dtype}"] = float(logits[a[n]] - logits[b[n]])
+            rec.stats["divergence"] = {"position": n, "plain_token": a[n], "method_token": b[n], **gaps}
+
+    def _model_in(self, dtype: str) -> torch.nn.Module:
+        """The target in ``dtype`` (a cached copy when no method runs in it)."""
+        want = getattr(torch, dtype)
+        for gen in self.generators.values():
+            if gen.target.dtype == want:
+                return gen.target.model
+        if want not in self._copies:
+            self._copies[want] = copy.deepcopy(next(iter(self.generators.values())).target.model).to(want)
+        return self._copies[want]
 
     def _generate(self, gen: SpeculativeGenerator, ids: list[int], method: str, seed: int) -> GenerationResult:
         s = self.settings
