@@ -1,13 +1,14 @@
 """Run one SGLang Engine on the tiny CPU pair and print its outputs as JSON (a helper, not a test).
 
-    python tests_sglang/serve_tiny.py ROOT ALGORITHM REQUESTS_JSON
+    python tests_sglang/serve_tiny.py ROOT ALGORITHM REQUESTS_JSON [ENGINE_ARGS_JSON]
 
 ``ALGORITHM`` is ``REANCHOR`` or ``NONE``; ``REQUESTS_JSON`` is a list of
 ``{"rid", "input_ids", "max_new_tokens", "temperature"}`` (optionally ``"return_logprob"``,
 ``"regex"``) sent as rounds: each
 inner list is one ``generate`` call (a batch). A request with ``"continues": rid``
 has ``input_ids`` = that request's prompt + its output + ``"append"`` (a next turn). ReAnchor's per-round trace is
-read from ``$SGLANG_REANCHOR_TRACE`` when set. A round the server refuses
+read from ``$SGLANG_REANCHOR_TRACE`` when set. ``ENGINE_ARGS_JSON`` (an object) overrides
+or adds ``sgl.Engine`` arguments (e.g. ``context_length``). A round the server refuses
 records ``{"error": message}`` for each of its requests.
 """
 
@@ -20,15 +21,17 @@ import sys
 
 def main() -> None:
     root, algorithm, rounds = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    engine_args = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import sglang as sgl
 
     spec = {}
     if algorithm != "NONE":
         spec = dict(speculative_algorithm=algorithm, speculative_draft_model_path=f"{root}/drafter")
-    llm = sgl.Engine(model_path=f"{root}/target", device="cpu", skip_tokenizer_init=True, dtype="float32",
-                     attention_backend="triton", disable_cuda_graph=True, mem_fraction_static=0.3,
-                     max_total_tokens=2048, log_level="warning", random_seed=0, **spec)
+    args = dict(model_path=f"{root}/target", device="cpu", skip_tokenizer_init=True, dtype="float32",
+                attention_backend="triton", disable_cuda_graph=True, mem_fraction_static=0.3,
+                max_total_tokens=2048, log_level="warning", random_seed=0, **spec)
+    llm = sgl.Engine(**{**args, **engine_args})
     results = {}
     try:
         for batch in rounds:

@@ -21,7 +21,7 @@ import torch
 
 from sglang_reanchor import ReAnchorConfig, SuffixStore, RejectedSuffix
 from sglang_reanchor.drafter import multi_anchor_mask
-from sglang_reanchor.srt.layout import commit_plan, draft_window, verify_inputs
+from sglang_reanchor.srt.layout import cap_tree, commit_plan, draft_window, verify_inputs
 from sglang_reanchor.srt.settings import serving_widths
 from sglang_reanchor.srt.suffix_slots import SlotSuffixStore
 from sglang_reanchor.tree import build_draft_tree
@@ -252,3 +252,23 @@ def test_every_window_fits_the_reservation(offsets, budget, block):
     reserved = 2 * w.reserve_width  # DFlashDraftInputV2.prepare_for_decode keeps this many slots ahead
     assert w.extra_rows + w.draft_queries <= reserved and w.verify_nodes <= reserved
     assert w.output_stride >= min(budget, 2 * block)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_capped_tree_accepts_the_kept_part_of_the_full_path(seed):
+    """Near the context end the worker verifies only the first nodes of each tree (`cap_tree`)."""
+    gen = torch.Generator().manual_seed(seed)
+    tree = random_trees(gen, bs=4, block=6, offsets=(1, 2, 3), vocab=4, policy=("earliest", "offset")[seed % 2])
+    picks = accept_along_tree(gen, tree, vocab=4)
+    full = accept_tree(tree, picks, picks)
+    caps = torch.randint(1, tree.width + 1, (4,), generator=gen)
+    capped = cap_tree(tree, caps)
+    assert capped.width == min(tree.width, int(caps.max()))
+    assert (capped.num_nodes == torch.minimum(tree.num_nodes, caps)).all()
+    acc = accept_tree(capped, picks[:, : capped.width], picks[:, : capped.width])
+    for b in range(4):
+        path = full.accepted_nodes[b, : int(full.accept_lengths[b])].tolist()
+        kept = [node for node in path if node < int(caps[b])]  # parents first: a prefix of the path
+        assert kept == path[: len(kept)]
+        assert acc.accepted_nodes[b, : int(acc.accept_lengths[b])].tolist() == kept
+        assert int(acc.bonus[b]) == int(picks[b, kept[-1]])

@@ -54,14 +54,15 @@ def pair(tmp_path_factory):
 
 
 def serve(root: Path, algorithm: str, rounds: list, config: str | None, trace: Path | None,
-          extra_env: dict[str, str] | None = None) -> dict:
+          extra_env: dict[str, str] | None = None, engine_args: dict | None = None) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "1", **(extra_env or {})}
     env.pop("SGLANG_REANCHOR_CONFIG", None)
     if config:
         env["SGLANG_REANCHOR_CONFIG"] = config
     if trace:
         env["SGLANG_REANCHOR_TRACE"] = str(trace)
-    out = subprocess.run([sys.executable, str(HERE / "serve_tiny.py"), str(root), algorithm, json.dumps(rounds)],
+    out = subprocess.run([sys.executable, str(HERE / "serve_tiny.py"), str(root), algorithm, json.dumps(rounds),
+                          json.dumps(engine_args or {})],
                          capture_output=True, text=True, env=env, timeout=1200)
     for line in out.stdout.splitlines():
         if line.startswith("RESULTS"):
@@ -186,3 +187,44 @@ def test_plain_server_keeps_sglang_functions_untouched(pair, tmp_path):
         seen[algorithm] = [json.loads(line) for line in out.read_text().splitlines()]
     assert seen["NONE"] == [{"extend_kwargs": True, "triton_extend": True}]  # plain: SGLang's own code path
     assert seen["REANCHOR"] == [{"extend_kwargs": False, "triton_extend": False}]  # the probe sees hooks
+
+
+CONTEXT = 48  # --context-length of the context-end test
+NEAR_END_CONFIG = '{"node_budget": 16}'  # draft window X + Q = 3 + 4 * 8 = 35 columns, wider than the tree
+WINDOW = 35
+
+
+def test_requests_ending_at_the_context_end(pair, tmp_path):
+    """Requests whose prompt + max_new_tokens ends 0 .. WINDOW + 2 tokens before the context length.
+
+    Plain SGLang refuses ``prompt + max_new_tokens > context_length`` (tokenizer
+    manager) and prompts of ``context_length - 6`` tokens or more (the scheduler's
+    ``max_req_input_len``), and serves at most ``context_length - 2 - prompt`` new
+    tokens (the scheduler's cap, ``max_req_len - input_len - 1``). REANCHOR must do the same:
+    every distance, in one batch (the requests end in neighbouring req_to_token
+    rows), then a refused request and one more afterwards.
+    """
+    root, _, _ = pair
+    gen = torch.Generator().manual_seed(7)
+    batch = []
+    for k in range(WINDOW + 3):  # every distance; prompts of CONTEXT - 7 tokens at most (admitted)
+        new = max(7 - k, 2)  # only the last round matters: it starts CONTEXT - k - 2 tokens in
+        prompt = [1] + torch.randint(4, 64, (CONTEXT - k - new - 1,), generator=gen).tolist()
+        batch.append({"rid": f"end-{k}", "input_ids": prompt, "max_new_tokens": new})
+    rounds = [
+        batch,
+        [{"rid": "too-long", "input_ids": [1] * (CONTEXT - 7), "max_new_tokens": 8}],
+        [{"rid": "after", "input_ids": PROMPTS["a"][0], "max_new_tokens": 8}],
+    ]
+    engine = {"context_length": CONTEXT, "max_total_tokens": 8192}
+    trace = tmp_path / "trace.jsonl"
+    plain = serve(root, "NONE", rounds, None, None, engine_args=engine)
+    spec = serve(root, "REANCHOR", rounds, NEAR_END_CONFIG, trace, engine_args=engine)
+    for r in batch:
+        rid, p = r["rid"], len(r["input_ids"])
+        want = min(r["max_new_tokens"], CONTEXT - 2 - p)  # SGLang's cap
+        assert len(plain[rid].get("output_ids", ())) == want, (rid, plain[rid])
+        assert spec[rid].get("output_ids") == plain[rid]["output_ids"], (rid, spec[rid])
+    assert "context length" in plain["too-long"]["error"] and "context length" in spec["too-long"]["error"]
+    assert spec["after"]["output_ids"] == plain["after"]["output_ids"]
+    assert max(json.loads(line)["seq_len"] for line in trace.read_text().splitlines()) >= CONTEXT - 6

@@ -39,7 +39,7 @@ from attention import drafter_multi_anchor_mask
 from ..tree import DraftTree
 from ..verify import Acceptance
 
-__all__ = ["CommitPlan", "DraftWindow", "VerifyInputs", "commit_plan", "draft_window", "verify_inputs"]
+__all__ = ["CommitPlan", "DraftWindow", "VerifyInputs", "cap_tree", "commit_plan", "draft_window", "verify_inputs"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,35 @@ def draft_window(
         custom_mask=torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool, device=dev),
         query_columns=s[:, None] + extra + torch.arange(q, device=dev),
         extra_columns=s[:, None] + torch.arange(extra, device=dev),
+    )
+
+
+def cap_tree(tree: DraftTree, caps: Tensor) -> DraftTree:
+    """The first ``caps[b]`` nodes of request ``b``'s tree (``caps``: ``[bs]`` long), width cut to the largest.
+
+    Nodes are numbered parents first, so a prefix of them is a subtree rooted at
+    node 0: acceptance on it is still exact, it only offers fewer drafts. A shifted
+    row none of whose nodes is kept is no longer attached (``row_sites`` -1).
+
+    >>> tree = DraftTree.from_lists([[3, 7, 9, 4], [3, 5, 6, 8]], [[-1, 0, 0, 1], [-1, 0, 1, 2]])
+    >>> t = cap_tree(tree, torch.tensor([3, 1]))
+    >>> t.tokens.tolist(), t.parents.tolist(), t.num_nodes.tolist()
+    ([[3, 7, 9], [3, 0, 0]], [[-1, 0, 0], [-1, -1, -1]], [3, 1])
+    """
+    caps = caps.to(tree.tokens.device).long()
+    n = max(1, min(tree.width, int(caps.max())))
+    keep = (torch.arange(n, device=caps.device)[None, :] < caps[:, None]) & tree.valid[:, :n]
+    source_row = torch.where(keep, tree.source_row[:, :n], 0)
+    rows = tree.row_sites.shape[1]
+    hit = torch.zeros(tree.batch_size, rows + 2, dtype=torch.long, device=caps.device)
+    hit.scatter_(1, torch.where(keep, source_row, rows + 1), 1)  # column r + 1: shifted row r kept a node
+    return DraftTree(
+        tokens=torch.where(keep, tree.tokens[:, :n], 0),
+        parents=torch.where(keep, tree.parents[:, :n], -1),
+        depth=torch.where(keep, tree.depth[:, :n], 0),
+        num_nodes=keep.sum(1),
+        source_row=source_row,
+        row_sites=torch.where(hit[:, 1 : rows + 1].bool(), tree.row_sites, -1),
     )
 
 

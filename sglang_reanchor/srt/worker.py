@@ -62,7 +62,9 @@ from ..sampling import SamplingParams, sample_tokens
 from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, accept_tree
 from .cpu_compat import install_reanchor_hooks
-from .layout import commit_plan, draft_window, verify_inputs
+from .context_end import install as install_context_end
+from .context_end import round_room, set_row_width
+from .layout import cap_tree, commit_plan, draft_window, verify_inputs
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
 from .suffix_slots import SlotSuffixStore
@@ -106,6 +108,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         self.reanchor = load_config()
         self.widths = serving_widths(self.reanchor, block)
         self.speculative_num_draft_tokens = self.widths.reserve_width
+        install_context_end()  # SGLang's reservation stops at the req_to_token row's end (context_end)
         fc = self.draft_model.fc
         self._feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
         self._suffixes: SlotSuffixStore | None = None  # built once SGLang has allocated its pools
@@ -131,6 +134,7 @@ class ReAnchorWorker(DFlashWorkerV2):
 
     def forward_batch_generation(self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
                                  pp_proxy_tensors: Any = None) -> GenerationBatchResult:
+        set_row_width(self.model_runner.req_to_token_pool.req_to_token.shape[1])  # before any reservation
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             if batch.req_pool_indices is not None and len(batch.req_pool_indices):
                 self.suffixes.reset(batch.req_pool_indices)  # prefill: a (re)admitted request has none
@@ -150,23 +154,28 @@ class ReAnchorWorker(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         slots = batch.req_pool_indices
         prefix = batch.seq_lens.long()
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         self.suffixes.retain_only(slots)  # finished, aborted, retracted requests left the batch
         lengths, sfx_tokens, sfx_preds, sfx_feats = self.suffixes.gather(slots, prefix)
+        # near the row's end the window and the tree shrink to the columns left (context_end)
+        room = round_room(seq_lens_cpu, int(req_to_token.shape[1]),
+                          self.widths.extra_rows + self.widths.draft_queries, self.widths.verify_nodes)
 
-        blocks, row_valid = self._draft(batch, prefix, lengths, sfx_preds, sfx_feats)
+        blocks, row_valid = self._draft(batch, room.drafted, prefix, lengths, sfx_preds, sfx_feats)
         tree = build_draft_tree(
             blocks[:, 0], blocks[:, 1:],
             offsets=torch.tensor(self.reanchor.offsets, dtype=torch.long, device=blocks.device),
             row_valid=row_valid, rejected_tokens=sfx_tokens, config=self.reanchor, generator=self._tree_rng,
         )
+        if not bool(room.drafted.all()) or int(room.node_caps.max()) < tree.width:
+            tree = cap_tree(tree, room.node_caps)
 
         # --- verify: one target forward over the tree
         vin = verify_inputs(tree, prefix)
         width = tree.width
         verify_loc = req_to_token[slots[:, None], vin.columns].long()  # [bs, N]
         translator = self.target_worker.model_runner.kv_index_translator
-        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
         plan = translator.plan(req_pool_indices=slots, seq_lens=batch.seq_lens, seq_lens_cpu=seq_lens_cpu,
                                write_virtual=verify_loc.reshape(-1), read_extent=width)
         verify_input = DFlashVerifyInput(
@@ -238,25 +247,44 @@ class ReAnchorWorker(DFlashWorkerV2):
             new_seq_lens=commit.new_seq_lens,
         )
 
-    def _draft(self, batch: Any, prefix: torch.Tensor, lengths: torch.Tensor, sfx_preds: torch.Tensor,
-               sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One drafter forward over every request's 1 + R blocks.
+    def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, lengths: torch.Tensor,
+               sfx_preds: torch.Tensor, sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One drafter forward over the 1 + R blocks of every request with ``drafted`` (``[bs]`` bool, host).
 
-        Returns ``(blocks [bs, 1+R, B] long, row_valid [bs, R] bool)``.
+        Returns ``(blocks [bs, 1+R, B] long, row_valid [bs, R] bool)``; a request not
+        drafted gets ``[bonus, MASK...]`` rows, none valid (its tree is cut to the root).
         """
+        bs, block, rows = prefix.shape[0], self.block_size, 1 + len(self.reanchor.offsets)
+        bonus = batch.spec_info.bonus_tokens.view(-1)
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
+        if bool(drafted.all()):
+            return self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu, bonus,
+                                    lengths, sfx_preds, sfx_feats)
+        blocks = torch.full((bs, rows, block), int(self._mask_token_id), dtype=torch.long, device=prefix.device)
+        blocks[:, 0, 0] = bonus.long()
+        row_valid = torch.zeros(bs, rows - 1, dtype=torch.bool, device=prefix.device)
+        if bool(drafted.any()):
+            host = drafted.nonzero().squeeze(1)
+            idx = host.to(prefix.device)
+            blocks[idx], row_valid[idx] = self._draft_rows(
+                batch.req_pool_indices[idx], prefix[idx], batch.seq_lens[idx], seq_lens_cpu[host], bonus[idx],
+                lengths[idx], sfx_preds[idx], sfx_feats[idx])
+        return blocks, row_valid
+
+    def _draft_rows(self, slots: torch.Tensor, prefix: torch.Tensor, seq_lens: torch.Tensor,
+                    seq_lens_cpu: torch.Tensor, bonus: torch.Tensor, lengths: torch.Tensor,
+                    sfx_preds: torch.Tensor, sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter forward for ``bs'`` requests (all ``[bs']``-leading; ``sfx_feats`` ``[bs', X, D]``)."""
         bs, block = prefix.shape[0], self.block_size
-        slots = batch.req_pool_indices
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         translator = self.target_worker.model_runner.kv_index_translator
-        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
-        win = draft_window(prefix, batch.spec_info.bonus_tokens.view(-1), lengths, sfx_preds,
-                           self.reanchor.offsets, block, int(self._mask_token_id))
+        win = draft_window(prefix, bonus, lengths, sfx_preds, self.reanchor.offsets, block, int(self._mask_token_id))
         queries = win.input_ids.shape[1]
         extra = self.widths.extra_rows
 
         if extra:  # rejected-suffix features -> draft K/V at columns s .. s+X-1
             extra_loc = req_to_token[slots[:, None], win.extra_columns].long()
-            extra_plan = translator.plan(req_pool_indices=slots, seq_lens=batch.seq_lens, seq_lens_cpu=seq_lens_cpu,
+            extra_plan = translator.plan(req_pool_indices=slots, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu,
                                          write_virtual=extra_loc.reshape(-1), read_extent=extra)
             self._append_target_hidden_to_draft_kv_by_loc(
                 target_hidden=sfx_feats.reshape(bs * extra, -1),

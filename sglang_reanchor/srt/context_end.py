@@ -1,0 +1,95 @@
+"""Near the end of a request's ``req_to_token`` row: what one round may write there.
+
+Each request owns one row of SGLang's ``req_to_token`` (``[pool size, W_row]``,
+``W_row`` = context length + SGLang's spec headroom). A ReAnchor round writes the
+columns ``s .. s + X + Q - 1`` (draft window) and ``s .. s + width - 1`` (verify
+tree) past its ``s`` committed tokens (`layout`). Near the row's end they shrink
+to the room left (`round_room`): a request whose whole draft window does not fit
+is not drafted (its tree is the root alone: one verified token, plain decoding),
+and every tree of the batch is cut to the smallest room (padding nodes of a
+batched verify occupy columns up to the batch's width on every request). The
+output is unchanged: acceptance is exact on any tree.
+
+SGLang itself, reserving ``2 * speculative_num_draft_tokens`` slots ahead of each
+request (``DFlashDraftInputV2.prepare_for_decode``), writes that reservation into
+``req_to_token`` with no bound at the row's end; past it the write lands in the
+next request's row. `install` caps the reservation at the row's end (an AROUND
+hook on ``page_aligned_decode_alloc_lens``), in REANCHOR processes only; the worker
+tells it the row width (`set_row_width`) when it first sees a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["ALLOC_LENS", "RoundRoom", "install", "round_room", "set_row_width"]
+
+ALLOC_LENS = "sglang.srt.mem_cache.allocation_sizing.page_aligned_decode_alloc_lens"
+
+_row_width: int | None = None
+
+
+def _alloc_lens_within_row(original: Any, reqs: Any, *args: Any, **kwargs: Any) -> Any:
+    cur, nxt, _ = original(reqs, *args, **kwargs)
+    if _row_width is None:
+        raise RuntimeError("REANCHOR: the reservation cap ran before the worker set the req_to_token row width")
+    # per request (as SGLang's own loop): never past the row, never below what is already held
+    capped = [max(c, min(n, _row_width)) for c, n in zip(cur, nxt)]
+    return cur, capped, sum(n - c for c, n in zip(cur, capped))
+
+
+_installed = False
+
+
+def install() -> None:
+    """Cap SGLang's decode reservation at the row's end (called by ``ReAnchorWorker.__init__``)."""
+    global _installed
+    if not _installed:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        HookRegistry.register(ALLOC_LENS, _alloc_lens_within_row, HookType.AROUND)
+        HookRegistry.apply_hooks()
+        _installed = True
+
+
+def set_row_width(row_width: int) -> None:
+    """The ``req_to_token`` row width (known once SGLang has built its pools, before any decode)."""
+    global _row_width
+    _row_width = int(row_width)
+
+
+@dataclass(frozen=True)
+class RoundRoom:
+    """What a round may write per request (host tensors: decided before any forward)."""
+
+    room: Tensor  # [bs] long: req_to_token columns left past s (row width - s)
+    drafted: Tensor  # [bs] bool: the whole draft window (X + Q columns) fits
+    node_caps: Tensor  # [bs] long: most tree nodes verified (1 where not drafted)
+    writes: Tensor  # [bs] long: columns past s this round may write (draft window and tree)
+
+
+def round_room(seq_lens_cpu: Tensor, row_width: int, draft_columns: int, node_budget: int) -> RoundRoom:
+    """Shrink the round to the room left in each request's row.
+
+    ``seq_lens_cpu``: ``[bs]`` committed tokens ``s``; ``draft_columns`` = ``X + Q``.
+
+    >>> r = round_room(torch.tensor([10, 58, 63]), 64, draft_columns=5, node_budget=4)
+    >>> r.room.tolist(), r.drafted.tolist(), r.node_caps.tolist(), r.writes.tolist()
+    ([54, 6, 1], [True, True, False], [1, 1, 1], [5, 5, 1])
+    >>> round_room(torch.tensor([10, 20]), 64, 5, 4).node_caps.tolist()
+    [4, 4]
+    """
+    room = row_width - seq_lens_cpu.long()
+    if bool((room < 1).any()):
+        b = int(room.argmin())
+        raise RuntimeError(f"REANCHOR: request {b} has {int(seq_lens_cpu[b])} committed tokens, no req_to_token "
+                           f"column left in its row of {row_width}")
+    drafted = room >= draft_columns
+    cap = min(node_budget, int(room.min()))
+    node_caps = torch.where(drafted, cap, 1)
+    writes = torch.maximum(torch.where(drafted, draft_columns, 0), node_caps.max().expand_as(room))
+    return RoundRoom(room=room, drafted=drafted, node_caps=node_caps, writes=writes)
