@@ -9,7 +9,8 @@ modules (its norms, rotary embedding and weights; Q/K/V and gate/up projections
 fused into one GEMM each):
 
 - a preallocated KV cache ``[bs, kv_heads, W + max_new, head_dim]`` per layer,
-- decode attention as two batched matmuls (GQA by grouping query heads),
+- decode attention as two batched matmuls (GQA by grouping query heads); the prefill
+  through SDPA's fused kernel,
 - features ``hidden_states[l + 1]`` captured from the prefill and from every decode
   step (a finished row is stepped once more, so its last token gets features too),
 - finished rows dropped from the batch (cache rows compacted) as they end.
@@ -107,9 +108,11 @@ def greedy_with_features(model: PreTrainedModel, prompts: Sequence[Sequence[int]
         key_cols = cols[: start + n]
         # causal, no left padding; a padding query sees itself only (no empty softmax row)
         allowed = (key_cols[None, None, :] <= query_cols[None, :, None]) & (key_cols >= pads[:, None])[:, None, :]
-        allowed |= key_cols[None, None, :] == query_cols[None, :, None]
-        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
-        bias = bias[:, None, None]  # [b, 1, 1, n, S]
+        allowed |= key_cols[None, None, :] == query_cols[None, :, None]  # [b, n, S]
+        bias = None
+        if n == 1:
+            bias = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+            bias = bias[:, None, None]  # [b, 1, 1, n, S]
         feats = {}
         for li, layer in enumerate(layers):
             q, k, v = F.linear(layer.input_norm(h), layer.qkv, layer.qkv_bias).split(layer.splits, dim=-1)
@@ -120,11 +123,15 @@ def greedy_with_features(model: PreTrainedModel, prompts: Sequence[Sequence[int]
             k_cache[li][:, :, start: start + n] = _rotate(k.transpose(1, 2), cos, sin)
             v_cache[li][:, :, start: start + n] = v.view(b, n, n_kv, head_dim).transpose(1, 2)
             keys, values = k_cache[li][:, :, : start + n], v_cache[li][:, :, : start + n]
-            # query head h reads kv head h // group (HF's repeat_kv), so group the queries
-            scores = (q.reshape(b, n_kv, group * n, head_dim) @ keys.transpose(-1, -2)).float()
-            scores = scores.mul_(layer.scaling).view(b, n_kv, group, n, -1) + bias
-            probs = scores.softmax(-1).to(dtype).view(b, n_kv, group * n, -1)
-            out = (probs @ values).view(b, n_heads, n, head_dim).transpose(1, 2).reshape(b, n, -1)
+            if n > 1:  # prefill: SDPA's fused kernel, no [b, H, n, S] float32 scores in memory
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None],
+                                                     scale=layer.scaling, enable_gqa=True)
+            else:  # one query row: two small matmuls beat SDPA's CPU kernel (see the module docstring)
+                # query head h reads kv head h // group (HF's repeat_kv), so group the queries
+                scores = (q.reshape(b, n_kv, group * n, head_dim) @ keys.transpose(-1, -2)).float()
+                scores = scores.mul_(layer.scaling).view(b, n_kv, group, n, -1) + bias
+                out = scores.softmax(-1).to(dtype).view(b, n_kv, group * n, -1) @ values
+            out = out.view(b, n_heads, n, head_dim).transpose(1, 2).reshape(b, n, -1)
             h = h + F.linear(out, layer.o, layer.o_bias)
             gate, up = F.linear(layer.post_norm(h), layer.gate_up).chunk(2, dim=-1)
             h = h + F.linear(layer.act(gate) * up, layer.down)
