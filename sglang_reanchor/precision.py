@@ -7,7 +7,10 @@ both directions (measured with torch 2.13, one process, 2 threads):
 - Intel Sapphire Rapids and later (``amx_bf16``): oneDNN runs bfloat16 GEMMs on AMX
   tiles; a SmolLM2 forward over 32 tree nodes costs 1.2x one token in bfloat16
   against 2.5x in float32, so verification is nearly free, as on a GPU.
-- CPUs with AVX-512 BF16 only (``avx512_bf16``) also run bfloat16 GEMMs natively.
+- CPUs with AVX-512 BF16 only (``avx512_bf16``) also run bfloat16 GEMMs natively. On
+  the AMD EPYC Zen 4 machines of 2026-12-01 (2 cores): 1024 x 576 x 1536 at 434 GFLOP/s
+  in bfloat16 against 199 in float32; 16 x 576 x 1536 at 206 against 108; the
+  49,152 x 576 LM head on one row (memory-bound) 3.0 ms against 9.9 ms.
 - CPUs with neither (AMD EPYC Milan, AVX2): bfloat16 GEMMs are emulated and ~9x
   *slower* than float32 (1024 x 576 x 1536: 6.6 against 58 GFLOP/s on one core).
 
