@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +23,6 @@ import torch
 from sglang_reanchor import ReAnchorConfig, SuffixStore, RejectedSuffix
 from sglang_reanchor.drafter import multi_anchor_mask
 from sglang_reanchor.srt.layout import cap_tree, commit_plan, draft_window, verify_inputs
-from sglang_reanchor.srt.settings import serving_widths
 from sglang_reanchor.srt.suffix_slots import SlotSuffixStore
 from sglang_reanchor.tree import build_draft_tree
 from sglang_reanchor.verify import accept_tree
@@ -246,14 +246,6 @@ def test_a_stale_suffix_is_never_drafted_from():
     assert store.get(1) is None and len(store) == 0
 
 
-@pytest.mark.parametrize("offsets,budget,block", [((1, 2, 3), 48, 16), ((1,), 16, 16), ((1, 2, 3, 4, 5, 6), 24, 8)])
-def test_every_window_fits_the_reservation(offsets, budget, block):
-    w = serving_widths(ReAnchorConfig(offsets=offsets, node_budget=budget), block)
-    reserved = 2 * w.reserve_width  # DFlashDraftInputV2.prepare_for_decode keeps this many slots ahead
-    assert w.extra_rows + w.draft_queries <= reserved and w.verify_nodes <= reserved
-    assert w.output_stride >= min(budget, 2 * block)
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_a_capped_tree_accepts_the_kept_part_of_the_full_path(seed):
     """Near the context end the worker verifies only the first nodes of each tree (`cap_tree`)."""
@@ -272,3 +264,17 @@ def test_a_capped_tree_accepts_the_kept_part_of_the_full_path(seed):
         assert kept == path[: len(kept)]
         assert acc.accepted_nodes[b, : int(acc.accept_lengths[b])].tolist() == kept
         assert int(acc.bonus[b]) == int(picks[b, kept[-1]])
+
+
+def test_a_short_reservation_fails_before_any_write():
+    """The worker's check (`context_end.check_reserved`), fed SGLang's record of a shrunk allocation."""
+    from sglang_reanchor.srt.context_end import check_reserved, reserved_columns, round_room
+
+    seq_lens = torch.tensor([20, 30])
+    room = round_room(seq_lens, row_width=100, draft_columns=35, node_budget=16)
+    reqs = [SimpleNamespace(rid="a", kv=SimpleNamespace(kv_allocated_len=20 + 70)),
+            SimpleNamespace(rid="b", kv=SimpleNamespace(kv_allocated_len=30 + 35))]
+    check_reserved(reserved_columns(reqs, seq_lens), room.writes, reqs)  # exactly enough
+    reqs[1].kv.kv_allocated_len -= 1  # one slot short of the draft window
+    with pytest.raises(RuntimeError, match="request 'b' has 34 KV slots reserved .* this round writes 35"):
+        check_reserved(reserved_columns(reqs, seq_lens), room.writes, reqs)

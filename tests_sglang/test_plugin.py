@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from importlib.metadata import entry_points
 
+import pytest
+
 from conftest import run_fresh
 
 RESOLVE = """
@@ -78,7 +80,7 @@ def test_server_args_resolve_with_nothing_else(tiny_dirs):
 def test_config_from_env_sets_the_reservation(tiny_dirs):
     got, out = resolve(tiny_dirs, env={"SGLANG_REANCHOR_CONFIG": '{"offsets": [1, 2, 3, 4, 5, 6], "node_budget": 16}'})
     assert got is not None, out.stderr[-4000:]
-    assert got["speculative_num_draft_tokens"] == 31  # ceil((6 + 7 * 8) / 2)
+    assert got["speculative_num_draft_tokens"] == 62  # the draft window: 6 + 7 * 8
 
 
 def test_config_file(tiny_dirs, tmp_path):
@@ -108,3 +110,36 @@ def test_missing_draft_model_fails_clearly(tiny_dirs):
     out = run_fresh(RESOLVE.format(argv=["--model-path", str(target), "--speculative-algorithm", "REANCHOR",
                                          "--device", "cpu"]))
     assert out.returncode != 0 and "--speculative-draft-model-path is required" in out.stderr
+
+
+ALLOCATION = """
+    import json, sys
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_len_per_decode, get_req_to_token_extra_context_len
+    sa = prepare_server_args({argv!r})
+    sa.resolve_once()
+    publish(sa, role="tokenizer")  # the config bags SGLang's allocation sizing reads
+    print("RESULT" + json.dumps({{"per_step": get_alloc_len_per_decode(),
+                                  "row_extra": get_req_to_token_extra_context_len()}}))
+"""
+
+
+@pytest.mark.parametrize("config,draft_columns,nodes", [
+    (None, 3 + 4 * 8, 48),
+    ('{"node_budget": 16}', 3 + 4 * 8, 16),
+    ('{"offsets": [1, 2, 3, 4, 5, 6], "node_budget": 16}', 6 + 7 * 8, 16),
+])
+def test_sglang_allocates_per_step_what_a_round_writes(tiny_dirs, config, draft_columns, nodes):
+    """SGLang's own sizing of the resolved server: one decode step's KV per request covers both windows."""
+    target, drafter = tiny_dirs
+    argv = ["--model-path", str(target), "--speculative-algorithm", "REANCHOR",
+            "--speculative-draft-model-path", str(drafter), "--device", "cpu"]
+    out = run_fresh(ALLOCATION.format(argv=argv), env={"SGLANG_REANCHOR_CONFIG": config or ""})
+    rows = [line for line in out.stdout.splitlines() if line.startswith("RESULT")]
+    assert rows, out.stderr[-4000:]
+    got = json.loads(rows[0][len("RESULT"):])
+    assert got["per_step"] >= max(draft_columns, nodes)  # get_alloc_len_per_decode: SGLang's per-step promise
+    assert got["row_extra"] >= max(draft_columns, nodes)  # req_to_token headroom past the context length

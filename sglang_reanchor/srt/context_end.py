@@ -20,13 +20,15 @@ tells it the row width (`set_row_width`) when it first sees a batch.
 
 from __future__ import annotations
 
+import pkgutil
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["ALLOC_LENS", "RoundRoom", "install", "round_room", "set_row_width"]
+__all__ = ["ALLOC_LENS", "RoundRoom", "check_reserved", "install", "reserved_columns", "round_room", "set_row_width"]
 
 ALLOC_LENS = "sglang.srt.mem_cache.allocation_sizing.page_aligned_decode_alloc_lens"
 
@@ -52,8 +54,30 @@ def install() -> None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
         HookRegistry.register(ALLOC_LENS, _alloc_lens_within_row, HookType.AROUND)
-        HookRegistry.apply_hooks()
+        apply_or_fail([ALLOC_LENS])
         _installed = True
+
+
+def apply_or_fail(targets: list[str]) -> None:
+    """``HookRegistry.apply_hooks()``, and a clear error for a target it left unpatched.
+
+    ``apply_hooks`` skips a target already patched (by another plugin, at load
+    time): the hook registered now would silently never run.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    before = {t: _resolve(t) for t in targets}
+    HookRegistry.apply_hooks()
+    stale = [t for t in targets if _resolve(t) is before[t]]
+    if stale:
+        raise RuntimeError(f"REANCHOR: could not hook {', '.join(stale)}: already patched by another plugin "
+                           f"(SGLang's HookRegistry patches a target once)")
+
+
+def _resolve(target: str) -> Any:
+    owner, name = target.rsplit(".", 1)
+    obj = pkgutil.resolve_name(owner)
+    return obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)
 
 
 def set_row_width(row_width: int) -> None:
@@ -93,3 +117,36 @@ def round_room(seq_lens_cpu: Tensor, row_width: int, draft_columns: int, node_bu
     node_caps = torch.where(drafted, cap, 1)
     writes = torch.maximum(torch.where(drafted, draft_columns, 0), node_caps.max().expand_as(room))
     return RoundRoom(room=room, drafted=drafted, node_caps=node_caps, writes=writes)
+
+
+def reserved_columns(reqs: Any, seq_lens_cpu: Tensor) -> Tensor:
+    """``[bs]`` long (host): KV slots SGLang holds for each request past its ``s`` committed tokens.
+
+    ``reqs``: the batch's SGLang ``Req`` objects (``req.kv.kv_allocated_len``, set
+    by the reservation; one read per request, not per token).
+    """
+    allocated = torch.tensor([int(r.kv.kv_allocated_len) for r in reqs], dtype=torch.long)
+    return allocated - seq_lens_cpu.long()
+
+
+def check_reserved(reserved: Tensor, writes: Tensor, reqs: Sequence[Any]) -> None:
+    """Fail, naming the request, if a round would write more columns than SGLang reserved.
+
+    ``reserved``, ``writes``: ``[bs]`` long (host), counted past ``s``; ``reqs``: the
+    batch's ``Req`` objects (or names), read only to name the one that fails.
+
+    >>> check_reserved(torch.tensor([70, 70]), torch.tensor([35, 35]), ["a", "b"])
+    >>> check_reserved(torch.tensor([70, 34]), torch.tensor([35, 35]), ["a", "b"])
+    Traceback (most recent call last):
+    ...
+    RuntimeError: REANCHOR: request 'b' has 34 KV slots reserved past its committed tokens, but this round writes 35 (req_to_token columns s .. s+34); SGLang reserves per request from --speculative-num-draft-tokens, which must be at least max(X + Q, node_budget) (ServingWidths.reserve_width)
+    """
+    short = reserved < writes
+    if bool(short.any()):
+        b = int(short.nonzero()[0, 0])
+        raise RuntimeError(
+            f"REANCHOR: request {getattr(reqs[b], 'rid', reqs[b])!r} has {int(reserved[b])} KV slots reserved past its committed tokens, "
+            f"but this round writes {int(writes[b])} (req_to_token columns s .. s+{int(writes[b]) - 1}); SGLang "
+            f"reserves per request from --speculative-num-draft-tokens, which must be at least "
+            f"max(X + Q, node_budget) (ServingWidths.reserve_width)"
+        )

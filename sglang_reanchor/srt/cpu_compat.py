@@ -124,15 +124,16 @@ def install_reanchor_hooks() -> bool:
     Called from ``ReAnchorWorker.__init__`` (before its model runners exist), not
     from the plugin entry point: ``load_plugins()`` runs in every SGLang process,
     and these hooks must not touch a server whose algorithm is not REANCHOR.
-    ``HookRegistry.apply_hooks`` patches only targets not patched yet.
+    ``HookRegistry.apply_hooks`` patches only targets not patched yet (a target
+    another plugin patched at load time fails loudly, `context_end.apply_or_fail`).
     """
     global _installed
     if _installed:
         return False
-    from sglang.srt.plugins.hook_registry import HookRegistry
+    from .context_end import apply_or_fail
 
     register_dtype_hooks()
     register_mask_hooks()
-    HookRegistry.apply_hooks()
+    apply_or_fail([EXTEND_KWARGS, TRITON_EXTEND])
     _installed = True
     return True

@@ -18,7 +18,6 @@ Nothing here imports SGLang.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -74,9 +73,13 @@ class ServingWidths:
     ``draft_queries`` query tokens run through the drafter (``1 + R`` blocks of
     ``B``) after ``extra_rows`` rejected-suffix context rows; ``verify_nodes`` tree
     nodes run through the target. Both windows are written into the slots SGLang
-    reserves ahead of each request, ``2 * reserve_width`` of them
-    (``DFlashDraftInputV2.prepare_for_decode``), so ``reserve_width`` is what
-    ``--speculative-num-draft-tokens`` is set to.
+    reserves ahead of each request's committed tokens. SGLang's rule for that
+    (``allocation_sizing.get_alloc_len_per_decode``, page size 1, top-k 1): one
+    decode step may allocate ``speculative_num_draft_tokens`` slots per request, so
+    ``reserve_width`` (what that argument is set to) is the wider of the two
+    windows. ``DFlashDraftInputV2.prepare_for_decode`` reserves twice that (a
+    double buffer for overlap scheduling's lag), which nothing here relies on; the
+    worker checks every round that the slots it writes are reserved.
     """
 
     block_size: int  # B
@@ -84,7 +87,12 @@ class ServingWidths:
     extra_rows: int  # X = max(offsets)
     draft_queries: int  # (1 + R) * B
     verify_nodes: int  # node budget N (upper bound of the tree width)
-    reserve_width: int  # speculative_num_draft_tokens
+    reserve_width: int  # speculative_num_draft_tokens = max(X + Q, N)
+
+    @property
+    def draft_columns(self) -> int:
+        """``X + Q``: req_to_token columns the draft window writes past ``s``."""
+        return self.extra_rows + self.draft_queries
 
     @property
     def output_stride(self) -> int:
@@ -97,7 +105,7 @@ def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
 
     >>> w = serving_widths(ReAnchorConfig(), 16)
     >>> w.draft_queries, w.extra_rows, w.verify_nodes, w.reserve_width
-    (64, 3, 48, 48)
+    (64, 3, 48, 67)
     """
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")
@@ -105,5 +113,4 @@ def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
     extra = config.max_offset
     queries = rows * block_size
     nodes = config.node_budget
-    reserve = max(nodes, math.ceil((extra + queries) / 2))
-    return ServingWidths(block_size, rows, extra, queries, nodes, reserve)
+    return ServingWidths(block_size, rows, extra, queries, nodes, max(nodes, extra + queries))

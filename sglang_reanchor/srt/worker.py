@@ -63,7 +63,7 @@ from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, accept_tree
 from .cpu_compat import install_reanchor_hooks
 from .context_end import install as install_context_end
-from .context_end import round_room, set_row_width
+from .context_end import check_reserved, reserved_columns, round_room, set_row_width
 from .layout import cap_tree, commit_plan, draft_window, verify_inputs
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
@@ -160,7 +160,9 @@ class ReAnchorWorker(DFlashWorkerV2):
         lengths, sfx_tokens, sfx_preds, sfx_feats = self.suffixes.gather(slots, prefix)
         # near the row's end the window and the tree shrink to the columns left (context_end)
         room = round_room(seq_lens_cpu, int(req_to_token.shape[1]),
-                          self.widths.extra_rows + self.widths.draft_queries, self.widths.verify_nodes)
+                          self.widths.draft_columns, self.widths.verify_nodes)
+        # a short reservation fails here, before any write, not as a write into someone else's slots
+        check_reserved(reserved_columns(batch.reqs, seq_lens_cpu), room.writes, batch.reqs)
 
         blocks, row_valid = self._draft(batch, room.drafted, prefix, lengths, sfx_preds, sfx_feats)
         tree = build_draft_tree(
