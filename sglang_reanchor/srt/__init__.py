@@ -6,6 +6,8 @@
   the tree verify inputs (FULL_MASK, positions, ``retrieve_*``), the accepted
   path's KV moves and commit layout (pure torch, no SGLang import).
 - `suffix_slots`: rejected suffixes held per request slot (``req_pool_idx``).
+- `context_end`: what a round may write near the end of a request's ``req_to_token``
+  row, the check that SGLang reserved it, and the cap on SGLang's reservation there.
 - `plugin`: the ``sglang.srt.plugins`` entry point; `spec`: the algorithm's
   capabilities and server arguments; `worker`: ``ReAnchorWorker`` (these import
   SGLang and are loaded by it).

@@ -13,7 +13,8 @@ output is unchanged: acceptance is exact on any tree.
 SGLang itself, reserving ``2 * speculative_num_draft_tokens`` slots ahead of each
 request (``DFlashDraftInputV2.prepare_for_decode``), writes that reservation into
 ``req_to_token`` with no bound at the row's end; past it the write lands in the
-next request's row. `install` caps the reservation at the row's end (an AROUND
+next request's row, and those slots are never freed (the scheduler's idle check
+then stops the server: "pool memory leak detected"). `install` caps the reservation at the row's end (an AROUND
 hook on ``page_aligned_decode_alloc_lens``), in REANCHOR processes only; the worker
 tells it the row width (`set_row_width`) when it first sees a batch.
 """
@@ -21,8 +22,8 @@ tells it the row width (`set_row_width`) when it first sees a batch.
 from __future__ import annotations
 
 import pkgutil
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
