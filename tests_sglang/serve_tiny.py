@@ -4,7 +4,8 @@
 
 ``ALGORITHM`` is ``REANCHOR`` or ``NONE``; ``REQUESTS_JSON`` is a list of
 ``{"rid", "input_ids", "max_new_tokens", "temperature"}`` (optionally ``"return_logprob"``,
-``"regex"``) sent as rounds: each
+``"regex"``, ``"custom_logit_processor"``, and ``"sampling"``: more sampling parameters, which
+override the defaults) sent as rounds: each
 inner list is one ``generate`` call (a batch). A request with ``"continues": rid``
 has ``input_ids`` = that request's prompt + its output + ``"append"`` (a next turn). ReAnchor's per-round trace is
 read from ``$SGLANG_REANCHOR_TRACE`` when set. ``ENGINE_ARGS_JSON`` (an object) overrides
@@ -43,10 +44,13 @@ def main() -> None:
                 outs = llm.generate(
                     input_ids=[r["input_ids"] for r in batch],
                     sampling_params=[{"temperature": r.get("temperature", 0.0), "max_new_tokens": r["max_new_tokens"],
-                                      "ignore_eos": True, **({"regex": r["regex"]} if "regex" in r else {})}
+                                      "ignore_eos": True, **({"regex": r["regex"]} if "regex" in r else {}),
+                                      **r.get("sampling", {})}
                                      for r in batch],
                     rid=[r["rid"] for r in batch],
                     return_logprob=[r.get("return_logprob", False) for r in batch],
+                    **({"custom_logit_processor": [r.get("custom_logit_processor") for r in batch]}
+                       if any("custom_logit_processor" in r for r in batch) else {}),
                 )
             except ValueError as exc:  # a refused request: the Engine raises its abort message
                 results.update({r["rid"]: {"error": str(exc)} for r in batch})

@@ -35,10 +35,10 @@ from torch import Tensor
 from ..budget import BudgetPolicy
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, DraftVocabHead, draft_blocks
-from ..sampling import SamplingParams, sample_tokens
+from ..sampling import SamplingParams, TokenDraw
 from ..suffix import RejectedSuffix, SuffixStore
 from ..tree import DraftTree, build_draft_tree
-from ..verify import Acceptance, verify_tree
+from ..verify import Acceptance, accept_tree
 from .target import TargetModel
 
 __all__ = ["METHODS", "GenerationResult", "RoundTrace", "SpeculativeGenerator"]
@@ -218,14 +218,15 @@ class SpeculativeGenerator:
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-        rng = torch.Generator(device=self.target.device)
-        rng.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
+        # a seed keys every draw by position: the same tokens with every method
+        draw = TokenDraw(params, seed=seed) if seed is not None else TokenDraw(
+            params, generator=torch.Generator(device=self.target.device).manual_seed(int(torch.randint(2**62, (1,)))))
         # policy="random" draws its sites from here: a given seed reproduces the whole run
         tree_rng = self._tree_rng if seed is None else torch.Generator().manual_seed(
             (self.config.seed * 1_000_003 + seed) % 2**63)
         request_id = uuid.uuid4().hex
         try:
-            return self._speculate(prompt, max_new_tokens, method, params, rng, request_id, trace, tree_rng)
+            return self._speculate(prompt, max_new_tokens, method, draw, request_id, trace, tree_rng)
         finally:
             self.suffixes.release(request_id)  # finished, failed or interrupted: free its state
 
@@ -237,21 +238,20 @@ class SpeculativeGenerator:
         prompt: Tensor,
         max_new: int,
         method: str,
-        params: SamplingParams,
-        rng: torch.Generator,
+        draw: TokenDraw,
         request_id: str,
         trace: bool = False,
         tree_rng: torch.Generator | None = None,
     ) -> GenerationResult:
         t0 = time.perf_counter()
-        req = self._prefill(prompt, params, rng, request_id, with_drafter=method != "target")
+        req = self._prefill(prompt, draw, request_id, with_drafter=method != "target")
         out, taus, sizes, shifted_hits = [req.bonus], [], [], []
         rounds: list[RoundTrace] | None = [] if trace else None
         budget = self.budget_policy.start() if self.budget_policy and method == "reanchor" else None
         t1 = time.perf_counter()
         while not self._finished(out, max_new):
             if method == "target":
-                out.append(self._decode_one(req, params, rng))
+                out.append(self._decode_one(req, draw))
                 continue
             node_budget = budget.next_budget() if budget else self.config.node_budget
             # one drafter forward, then one target forward over every node
@@ -259,7 +259,8 @@ class SpeculativeGenerator:
                                         tree_rng=tree_rng or self._tree_rng)
             positions = tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device))
             verified = self.target.forward(tree.tokens, positions, req.cache, tree.ancestor_mask()[0])
-            acc = verify_tree(tree, verified.logits, params, rng)
+            top1 = verified.logits.argmax(-1)
+            acc = accept_tree(tree, top1 if draw.params.greedy else draw(verified.logits[0], positions[0])[None], top1)
             if rounds is not None:
                 rounds.append(_trace_round(req.seq_len, tree, draft, acc, verified.logits))
             out += acc.new_tokens(tree)[0]
@@ -287,26 +288,26 @@ class SpeculativeGenerator:
     # ---- steps --------------------------------------------------------------------
 
     def _prefill(
-        self, prompt: Tensor, params: SamplingParams, rng: torch.Generator, request_id: str, *, with_drafter: bool
+        self, prompt: Tensor, draw: TokenDraw, request_id: str, *, with_drafter: bool
     ) -> _Request:
         """Run the prompt through the target; sample the first token; seed the drafter context."""
         cache = self.target.new_cache()
         n = prompt.shape[1]
         positions = torch.arange(n)[None]
         out = self.target.forward(prompt, positions, cache, features=with_drafter, last_only=True)
-        first = int(sample_tokens(out.logits[:, -1], params, rng)[0])
+        first = int(draw(out.logits[:, -1], torch.tensor([n - 1], device=out.logits.device))[0])
         draft_cache = DraftContextCache()
         if with_drafter:
             draft_cache.append(self.drafter.project_context(out.features, positions.to(self.target.device)))
         return _Request(id=request_id, cache=cache, draft_cache=draft_cache, seq_len=n, bonus=first)
 
-    def _decode_one(self, req: _Request, params: SamplingParams, rng: torch.Generator) -> int:
+    def _decode_one(self, req: _Request, draw: TokenDraw) -> int:
         """Plain decoding: feed the last token, sample the next."""
         out = self.target.forward(
             torch.tensor([[req.bonus]]), torch.tensor([[req.seq_len]]), req.cache, features=False
         )
         req.seq_len += 1
-        req.bonus = int(sample_tokens(out.logits[:, -1], params, rng)[0])
+        req.bonus = int(draw(out.logits[:, -1], torch.tensor([req.seq_len - 1], device=out.logits.device))[0])
         return req.bonus
 
     def _propose(self, req: _Request, *, shifted: bool, node_budget: int,

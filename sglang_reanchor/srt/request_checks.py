@@ -1,7 +1,9 @@
 """Requests REANCHOR cannot serve yet are refused on arrival, with a message.
 
 The REANCHOR worker verifies a tree with its own acceptance (`sglang_reanchor.verify`),
-which has no grammar mask and returns no logprobs. Such a request, if admitted, would
+which has no grammar mask and returns no logprobs, and scores each node with the
+penalties of its own path (`node_sampling`), which a custom logit processor (a
+function of one request's history) cannot be given. Such a request, if admitted, would
 reach the worker inside a running batch, where the only way out is an exception that
 stops the scheduler and every other request with it. SGLang already checks each
 DFlash-family request as it arrives (``validate_dflash_request`` in the scheduler,
@@ -37,6 +39,9 @@ def unsupported_reason(req: Any) -> str | None:
     if getattr(req, "return_logprob", False):
         return ("REANCHOR does not support return_logprob yet; send the request without it, "
                 "or serve it without speculative decoding")
+    if getattr(req, "custom_logit_processor", None) is not None:
+        return ("REANCHOR does not support custom_logit_processor: it sees one history per request, "
+                "a draft tree needs one per node; send the request without it")
     params = getattr(req, "sampling_params", None)
     for field in GRAMMAR_FIELDS:
         if getattr(params, field, None) is not None:
@@ -47,6 +52,8 @@ def unsupported_reason(req: Any) -> str | None:
 
 def _validate(original: Any, req: Any, *args: Any, **kwargs: Any) -> str | None:
     if _active and (reason := unsupported_reason(req)) is not None:
+        # the scheduler still prefills an aborted request to answer it: none of its code runs
+        req.custom_logit_processor = None
         return reason
     return original(req, *args, **kwargs)
 

@@ -42,10 +42,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     enable_num_token_non_padded,
 )
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-from sglang.srt.speculative.dflash_utils import (
-    apply_dflash_verify_logits_adjustments,
-    parse_dflash_draft_config,
-)
+from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
 from sglang.srt.speculative.dflash_worker_v2 import (
     DFlashWorkerV2,
     _resolve_dflash_embedding_module,
@@ -58,13 +55,13 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
-from ..sampling import SamplingParams, sample_tokens
 from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, accept_tree
 from .cpu_compat import install_reanchor_hooks
 from .context_end import install as install_context_end
 from .context_end import check_reserved, reserved_columns, round_room, set_row_width
 from .layout import cap_tree, commit_plan, draft_window, verify_inputs
+from .node_sampling import adjust_node_logits, node_picks
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
 from .suffix_slots import SlotSuffixStore
@@ -197,14 +194,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         lp = self._target_logits_processor
         if lp is not None and lp.is_deferred_shard(logits_output.next_token_logits):
             logits_output.next_token_logits = lp.finish_deferred_gather(logits_output.next_token_logits)
-        if batch.sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits_output.next_token_logits,
-                sampling_info=batch.sampling_info, draft_token_num=width,
-            )
-
-        # --- accept
-        acc = self._accept(tree, logits_output.next_token_logits.view(bs, width, -1), batch.sampling_info)
+        # --- accept: every node scored with its own path's penalties (node_sampling)
+        logits = adjust_node_logits(logits_output.next_token_logits.view(bs, width, -1), tree, batch.reqs,
+                                    batch.sampling_info)
+        acc = self._accept(tree, logits, vin.positions.view(bs, width), batch.sampling_info)
         commit = commit_plan(tree, acc, prefix, stride=self.widths.output_stride)
 
         # --- commit: target KV of the accepted path to the front of the window
@@ -361,10 +354,12 @@ class ReAnchorWorker(DFlashWorkerV2):
                     "suffix_len": int(suffix_lens[b]),
                 }) + "\n")
 
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, sampling_info: Any) -> Acceptance:
-        """Accept with the target's pick at every node: argmax, or a sample from its distribution.
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor,
+                sampling_info: Any) -> Acceptance:
+        """Accept with the target's pick at every node: argmax, or a draw from its distribution.
 
-        ``logits``: ``[bs, N, V]``, row ``i`` = the target after node ``i``.
+        ``logits``: ``[bs, N, V]``, row ``i`` = the target after node ``i`` (adjusted);
+        ``positions``: ``[bs, N]``.
 
         Both the picks and the top-1 predictions are the TP-synced ones: the
         predictions become the next round's shifted anchors, so a rank whose
@@ -373,16 +368,6 @@ class ReAnchorWorker(DFlashWorkerV2):
         top1 = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, logits.argmax(-1))  # [bs, N]
         if sampling_info is None or sampling_info.is_all_greedy:
             return accept_tree(tree, top1, top1)
-        picks = top1.clone()
-        vocab = logits.shape[-1]
-        for b in range(tree.batch_size):
-            temperature = float(sampling_info.temperatures[b])
-            top_k = int(sampling_info.top_ks[b])
-            if top_k == 1 or temperature <= 1e-6:
-                continue
-            top_p = float(sampling_info.top_ps[b])
-            params = SamplingParams(temperature=temperature, top_k=top_k if 0 < top_k < vocab else None,
-                                    top_p=top_p if top_p < 1.0 else None)
-            picks[b] = sample_tokens(logits[b], params, self._sample_rng)
+        picks = node_picks(logits, positions, sampling_info, self._sample_rng)
         picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, picks)
         return accept_tree(tree, picks, top1)
