@@ -50,7 +50,7 @@ RANK = """
             temperatures=torch.tensor([[0.7], [1.0]]), top_ps=torch.ones(n), top_ks=torch.tensor([-1, 1]),
             min_ps=torch.zeros(n), is_all_greedy=False, is_any_greedy=True, need_top_p_sampling=False,
             need_top_k_sampling=True, need_min_p_sampling=False, vocab_size=vocab)
-    acc = worker._accept(tree, logits, info)
+    acc = worker._accept(tree, logits, torch.arange(4).repeat(2, 1), info)
     print("RESULT" + json.dumps({"local_top1": int(logits[0, 2].argmax()),
                                  "lengths": acc.suffix_lengths.tolist(),
                                  "predictions": acc.suffix_predictions.tolist(),

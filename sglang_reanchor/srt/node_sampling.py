@@ -94,7 +94,8 @@ def node_picks(logits: Tensor, positions: Tensor, sampling_info: Any, generator:
     bs, width, vocab = logits.shape
     temperature = sampling_info.temperatures.view(-1).float()
     top_k = sampling_info.top_ks.view(-1).long()
-    greedy = top_k <= 1
+    greedy = top_k == 1
+    top_k = torch.where(top_k < 1, vocab, top_k)  # -1 (unnormalised "all") keeps every token
 
     def per_node(x: Tensor) -> Tensor:
         return x.view(-1).repeat_interleave(width)
@@ -102,7 +103,7 @@ def node_picks(logits: Tensor, positions: Tensor, sampling_info: Any, generator:
     probs = filtered_probs(
         logits.reshape(bs * width, vocab),
         per_node(torch.where(greedy, torch.ones_like(temperature), temperature)),
-        per_node(top_k.clamp(min=1, max=vocab)),
+        per_node(top_k.clamp(max=vocab)),
         per_node(sampling_info.top_ps.view(-1).float()),
         per_node(sampling_info.min_ps.view(-1).float()),
     )
