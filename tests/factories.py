@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Co
 
 from sglang_reanchor.drafter import DFlashConfig, DFlashDrafter
 
-__all__ = ["tiny_drafter", "tiny_target", "write_zlab_drafter"]
+__all__ = ["char_tokenizer", "tiny_drafter", "tiny_target", "write_zlab_drafter"]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -96,3 +96,38 @@ def write_zlab_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
     """Save ``drafter`` as a z-lab checkpoint folder; returns the folder."""
     drafter.save_pretrained(path)
     return Path(path)
+
+
+# the characters of `char_tokenizer`'s ids 3, 4, ... (JSON, regexes and prose can be spelled with them)
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789{}[]\":, .-_()+*=?!\n'/;<>"
+
+
+# "role: content" lines, then "assistant: " (lower case: the tokenizer has no capitals)
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def char_tokenizer(vocab_size: int = 64):
+    """A character-level Hugging Face tokenizer for the tiny models: one token per character.
+
+    Ids ``0, 1, 2`` are ``<pad>``, ``<s>``, ``</s>`` (the tiny models' pad, bos, eos);
+    ``3 .. vocab_size - 2`` are the first characters of ``CHARS``; the last id is ``<mask>``
+    (the tiny drafters' mask token); a plain ``role: content`` chat template. With it an SGLang
+    server can take text and chat messages, and its
+    grammar backend can compile regexes and JSON schemas over the tiny vocabulary.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = CHARS[: vocab_size - 4]
+    if len(chars) != vocab_size - 4:
+        raise ValueError(f"vocab_size must be at most {len(CHARS) + 4}, got {vocab_size}")
+    vocab = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID, **{c: 3 + i for i, c in enumerate(chars)},
+             "<mask>": vocab_size - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                  unk_token="<pad>", mask_token="<mask>")
+    out.chat_template = CHAT_TEMPLATE
+    return out

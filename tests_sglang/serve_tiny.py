@@ -3,8 +3,8 @@
     python tests_sglang/serve_tiny.py ROOT ALGORITHM REQUESTS_JSON [ENGINE_ARGS_JSON]
 
 ``ALGORITHM`` is ``REANCHOR`` or ``NONE``; ``REQUESTS_JSON`` is a list of
-``{"rid", "input_ids", "max_new_tokens", "temperature"}`` (optionally ``"return_logprob"``,
-``"regex"``, ``"custom_logit_processor"``, and ``"sampling"``: more sampling parameters, which
+``{"rid", "input_ids" (or "text", with a tokenizer), "max_new_tokens", "temperature"}`` (optionally ``"return_logprob"``,
+``"top_logprobs_num"``, ``"token_ids_logprob"``, ``"logprob_start_len"``, ``"regex"``, ``"custom_logit_processor"``, and ``"sampling"``: more sampling parameters, which
 override the defaults) sent as rounds: each
 inner list is one ``generate`` call (a batch). A request with ``"continues": rid``
 has ``input_ids`` = that request's prompt + its output + ``"append"`` (a next turn). ReAnchor's per-round trace is
@@ -18,6 +18,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+
+
+LOGPROB_FIELDS = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs",
+                  "input_token_ids_logprobs", "output_token_ids_logprobs")
+
+
+LOGPROB_ARGS = {"top_logprobs_num": 0, "token_ids_logprob": None, "logprob_start_len": -1}  # field: default
 
 
 def main() -> None:
@@ -40,15 +47,19 @@ def main() -> None:
                 if "continues" in r:
                     prev = results[r["continues"]]
                     r["input_ids"] = prev["input_ids"] + prev["output_ids"] + r["append"]
+            prompts = ({"prompt": [r["text"] for r in batch]} if "text" in batch[0]
+                       else {"input_ids": [r["input_ids"] for r in batch]})
             try:
                 outs = llm.generate(
-                    input_ids=[r["input_ids"] for r in batch],
+                    **prompts,
                     sampling_params=[{"temperature": r.get("temperature", 0.0), "max_new_tokens": r["max_new_tokens"],
                                       "ignore_eos": True, **({"regex": r["regex"]} if "regex" in r else {}),
                                       **r.get("sampling", {})}
                                      for r in batch],
                     rid=[r["rid"] for r in batch],
                     return_logprob=[r.get("return_logprob", False) for r in batch],
+                    **{field: [r.get(field, default) for r in batch] for field, default in LOGPROB_ARGS.items()
+                       if any(field in r for r in batch)},
                     **({"custom_logit_processor": [r.get("custom_logit_processor") for r in batch]}
                        if any("custom_logit_processor" in r for r in batch) else {}),
                 )
@@ -58,12 +69,15 @@ def main() -> None:
             for r, out in zip(batch, outs):
                 meta = out["meta_info"]
                 results[r["rid"]] = {
-                    "input_ids": r["input_ids"],
+                    "input_ids": r.get("input_ids"),
+                    "text": out.get("text"),
                     "output_ids": out["output_ids"],
                     "cached_tokens": meta.get("cached_tokens", 0),
                     "spec_verify_ct": meta.get("spec_verify_ct"),
                     "spec_accept_length": meta.get("spec_accept_length"),
                     "finish_reason": meta.get("finish_reason"),
+                    "prompt_tokens": meta.get("prompt_tokens"),
+                    **{k: meta[k] for k in LOGPROB_FIELDS if meta.get(k) is not None},
                 }
     finally:
         llm.shutdown()

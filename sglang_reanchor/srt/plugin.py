@@ -42,7 +42,7 @@ def register() -> None:
         return
     register_cpu_hooks()  # plain-CPU serving only; see cpu_compat
     # The dtype and Triton mask hooks are installed by ReAnchorWorker (REANCHOR processes only).
-    register_request_hooks()  # grammar / logprob requests refused on arrival; see request_checks
+    register_request_hooks()  # custom logit processors refused on arrival; see request_checks
     SpeculativeAlgorithm.register(
         NAME,
         supports_overlap=False,

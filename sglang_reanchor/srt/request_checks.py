@@ -1,13 +1,13 @@
-"""Requests REANCHOR cannot serve yet are refused on arrival, with a message.
+"""Requests REANCHOR cannot serve are refused on arrival, with a message.
 
-The REANCHOR worker verifies a tree with its own acceptance (`sglang_reanchor.verify`),
-which has no grammar mask and returns no logprobs, and scores each node with the
-penalties of its own path (`node_sampling`), which a custom logit processor (a
-function of one request's history) cannot be given. Such a request, if admitted, would
-reach the worker inside a running batch, where the only way out is an exception that
-stops the scheduler and every other request with it. SGLang already checks each
+The REANCHOR worker scores each node of a draft tree with the penalties and the
+grammar state of its own path (`node_sampling`, `ReAnchorWorker._mask_by_grammar`).
+A custom logit processor, a function of one request's history, cannot be given one
+history per node, so such a request is refused. If admitted, it would reach the
+worker inside a running batch, where the only way out is an exception that stops
+the scheduler and every other request with it. SGLang already checks each
 DFlash-family request as it arrives (``validate_dflash_request`` in the scheduler,
-SGLang 0.5.23); this hook adds REANCHOR's rules there, so the scheduler finishes the
+SGLang 0.5.23); this hook adds REANCHOR's rule there, so the scheduler finishes the
 request at once with ``finish_reason = {"type": "abort", "message": ...}`` and keeps
 serving the rest.
 
@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GRAMMAR_FIELDS", "mark_active", "register_request_hooks", "unsupported_reason"]
+__all__ = ["mark_active", "register_request_hooks", "unsupported_reason"]
 
 VALIDATE = "sglang.srt.managers.scheduler.validate_dflash_request"
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")  # SamplingParams constraints
 
 _active = False
 
@@ -36,17 +35,9 @@ def mark_active() -> None:
 
 def unsupported_reason(req: Any) -> str | None:
     """Why ``req`` (an SGLang ``Req``) cannot be served by REANCHOR, or None."""
-    if getattr(req, "return_logprob", False):
-        return ("REANCHOR does not support return_logprob yet; send the request without it, "
-                "or serve it without speculative decoding")
     if getattr(req, "custom_logit_processor", None) is not None:
         return ("REANCHOR does not support custom_logit_processor: it sees one history per request, "
                 "a draft tree needs one per node; send the request without it")
-    params = getattr(req, "sampling_params", None)
-    for field in GRAMMAR_FIELDS:
-        if getattr(params, field, None) is not None:
-            return (f"REANCHOR does not support grammar-constrained decoding yet "
-                    f"(sampling_params.{field} is set); allowed: none of {', '.join(GRAMMAR_FIELDS)}")
     return None
 
 

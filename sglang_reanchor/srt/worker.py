@@ -14,7 +14,9 @@ Replaced: the decode step (`_decode`), one round per call::
     draft     one drafter forward: baseline + shifted blocks (layout.draft_window)
     tree      build_draft_tree (the project's core)
     verify    one target forward over every node, FULL_MASK custom mask
-    accept    accept_tree (greedy, or a target sample per node)
+    accept    every node scored with its own path's penalties and grammar state;
+              accept_tree (greedy, or a target sample per node); logprobs of the
+              emitted tokens from the same rows
     commit    move the accepted path's target KV to the front of the window;
               write its features into the draft KV; store the new rejected suffix
     return    GenerationBatchResult (accepted drafts + bonus per request)
@@ -32,6 +34,7 @@ import os
 from typing import Any
 
 import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
@@ -53,7 +56,7 @@ from sglang.srt.speculative.draft_worker_common import (
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
-from sglang.srt.speculative.spec_utils import draft_tp_context
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
 from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, accept_tree
@@ -138,16 +141,14 @@ class ReAnchorWorker(DFlashWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
-        if batch.has_grammar or batch.return_logprob:  # refused on arrival (request_checks): unreachable
-            raise AssertionError("REANCHOR got a grammar/logprob request past request_checks")
-        result = self._decode(batch)
+        result = self._decode(batch, grammar_barrier)
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         return result
 
     # ---- one ReAnchor round -----------------------------------------------------------
 
-    def _decode(self, batch: Any) -> GenerationBatchResult:
+    def _decode(self, batch: Any, grammar_barrier: Any = None) -> GenerationBatchResult:
         bs = len(batch.seq_lens)
         slots = batch.req_pool_indices
         prefix = batch.seq_lens.long()
@@ -169,6 +170,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         )
         if not bool(room.drafted.all()) or int(room.node_caps.max()) < tree.width:
             tree = cap_tree(tree, room.node_caps)
+        grammar_tree = None
+        if batch.has_grammar:  # the tree's pointers on the host, copied before the verify launch
+            _, next_token, next_sibling = tree.retrieve_arrays()
+            grammar_tree = GrammarTree.from_device(next_token, next_sibling, tree.tokens)
 
         # --- verify: one target forward over the tree
         vin = verify_inputs(tree, prefix)
@@ -197,8 +202,12 @@ class ReAnchorWorker(DFlashWorkerV2):
         # --- accept: every node scored with its own path's penalties (node_sampling)
         logits = adjust_node_logits(logits_output.next_token_logits.view(bs, width, -1), tree, batch.reqs,
                                     batch.sampling_info)
+        if grammar_tree is not None:  # ... and masked with the grammar state of that path
+            logits = self._mask_by_grammar(batch, grammar_tree, logits, grammar_barrier)
         acc = self._accept(tree, logits, vin.positions.view(bs, width), batch.sampling_info)
         commit = commit_plan(tree, acc, prefix, stride=self.widths.output_stride)
+        if batch.return_logprob:
+            self._output_logprobs(batch, logits_output, logits, commit)
 
         # --- commit: target KV of the accepted path to the front of the window
         window = verify_loc.reshape(-1)
@@ -241,6 +250,43 @@ class ReAnchorWorker(DFlashWorkerV2):
             speculative_output_stride=self.widths.output_stride,
             new_seq_lens=commit.new_seq_lens,
         )
+
+    @staticmethod
+    def _mask_by_grammar(batch: Any, grammar_tree: Any, logits: torch.Tensor, barrier: Any) -> torch.Tensor:
+        """``logits`` (``[bs, N, V]``) with each node's row masked by its path's grammar state.
+
+        SGLang's `build_grammar_vocab_mask` walks the tree depth first, advancing each
+        request's matcher along a path and rolling it back at a fork, as it does for
+        EAGLE trees; a node its parent's mask forbids gets no row (it cannot be accepted:
+        the target's pick under the parent's mask never equals it). The scheduler then
+        advances the matcher over the committed tokens (`advance_grammar_fsm`).
+        """
+        bs, width, vocab = logits.shape
+        mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
+                                        device=logits.device, barrier=barrier)
+        if mask is None:
+            return logits
+        rows = logits.reshape(bs * width, vocab).contiguous()
+        mask.apply(rows)
+        return rows.view(bs, width, vocab)
+
+    @staticmethod
+    def _output_logprobs(batch: Any, logits_output: Any, logits: torch.Tensor, commit: Any) -> None:
+        """The target's logprobs of the emitted tokens, as a plain server returns them.
+
+        Emitted token ``j`` of a request is the target's pick after its path node ``j``,
+        so its row is ``logits[b, path_nodes[b, j]]`` (``logits``: ``[bs, N, V]``, with
+        the node's penalties and bias, as plain decoding's sampler sees them). Those
+        rows, laid out as a DFlash chain of ``stride`` rows per request, go to SGLang's
+        own `compute_spec_logprobs` (temperature, top logprobs, token-id logprobs).
+        """
+        bs, _, vocab = logits.shape
+        stride = commit.out_tokens.shape[1]
+        depth = min(stride, commit.path_nodes.shape[1])
+        rows = torch.zeros(bs, stride, dtype=torch.long, device=logits.device)  # past the path: unread
+        rows[:, :depth] = commit.path_nodes[:, :depth]
+        logits_output.next_token_logits = logits.gather(1, rows[:, :, None].expand(-1, -1, vocab)).reshape(-1, vocab)
+        compute_spec_logprobs(batch, logits_output, commit.out_tokens.reshape(-1), chain_stride=stride)
 
     def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, lengths: torch.Tensor,
                sfx_preds: torch.Tensor, sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

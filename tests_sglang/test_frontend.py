@@ -1,0 +1,185 @@
+"""SGLang's frontend primitives and OpenAI-compatible API through a REANCHOR HTTP server, against a plain one.
+
+Both servers (``python -m sglang.launch_server`` on CPU) serve the tiny pair of
+`test_serving_cpu` with a character tokenizer (`factories.char_tokenizer`), so
+text, chat messages and grammars work. At T=0 every program's state, every
+streamed text and every chat completion (with logprobs, with a JSON-schema
+``response_format``) must equal the plain server's; the REANCHOR server's trace must
+show accepted paths through shifted rows, so the tree path really ran.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from http_server import launch
+from test_serving_cpu import pair  # noqa: F401  (the module fixture)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from factories import char_tokenizer  # noqa: E402
+
+sgl = pytest.importorskip("sglang")
+
+OFFSET = '{"policy": "offset"}'  # this pair accepts through shifted rows under the offset policy
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@sgl.function
+def regex_gen(s, prompt):
+    s += prompt + sgl.gen("word", max_tokens=24, regex="[a-e]{2,6}-[0-9]{1,3}", temperature=0)
+
+
+@sgl.function
+def json_gen(s, prompt):
+    s += prompt + sgl.gen("obj", max_tokens=48, json_schema=json.dumps(SCHEMA), temperature=0)
+
+
+@sgl.function
+def stop_gen(s, prompt):
+    s += prompt + sgl.gen("text", max_tokens=32, stop=[".", "\n"], temperature=0)
+
+
+@sgl.function
+def choose(s, prompt):
+    s += prompt + sgl.select("pick", choices=["yes", "no", "maybe so", "abc abc"])
+
+
+@sgl.function
+def branches(s, prompt):
+    s += prompt
+    forks = s.fork(2)
+    for i, f in enumerate(forks):
+        f += f"option {i}: " + sgl.gen("x", max_tokens=12, temperature=0)
+    forks.join()
+    s += "so: " + forks[0]["x"] + forks[1]["x"] + sgl.gen("y", max_tokens=8, temperature=0)
+
+
+@sgl.function
+def chat(s, first, second):
+    s += sgl.user(first)
+    s += sgl.assistant(sgl.gen("a1", max_tokens=16, temperature=0))
+    s += sgl.user(second)
+    s += sgl.assistant(sgl.gen("a2", max_tokens=16, temperature=0))
+
+
+PROGRAMS = {
+    "regex": (regex_gen, [{"prompt": "hello: "}, {"prompt": "abc abc abc"}], ["word"]),
+    "json": (json_gen, [{"prompt": "{\"x\": 1}\n"}], ["obj"]),
+    "stop": (stop_gen, [{"prompt": "q: is it? a: "}, {"prompt": "abc abc abc"}], ["text"]),
+    "select": (choose, [{"prompt": "hello: "}, {"prompt": "q: is it? a: "}], ["pick"]),
+    "fork": (branches, [{"prompt": "two ways: "}], ["y"]),
+    "chat": (chat, [{"first": "hello there", "second": "and then?"}], ["a1", "a2"]),
+}
+
+
+@pytest.fixture(scope="module")
+def servers(pair, tmp_path_factory):
+    root, target, _ = pair
+    char_tokenizer(target.config.vocab_size).save_pretrained(root / "target")
+    trace = tmp_path_factory.mktemp("frontend") / "trace.jsonl"
+    with launch(root, None, extra_args=["--disable-overlap-schedule"]) as plain, \
+            launch(root, "REANCHOR", OFFSET, trace) as spec:
+        yield plain, spec, trace
+
+
+def _run(url: str, program, args: list[dict]) -> list:
+    backend = sgl.RuntimeEndpoint(url)
+    states = program.run_batch(args, backend=backend)
+    return states
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_frontend_programs_equal_plain_sglang(servers, name):
+    plain, spec, _ = servers
+    program, args, fields = PROGRAMS[name]
+    want, got = _run(plain, program, args), _run(spec, program, args)
+    for w, g in zip(want, got):
+        assert g.text() == w.text(), name
+        for field in fields:
+            assert g[field] == w[field], (name, field)
+    if name == "json":
+        assert set(json.loads(got[0]["obj"])) == {"name", "age"}
+    if name == "regex":
+        assert all(g["word"] and g["word"][0] in "abcde" for g in got)
+
+
+def _stream(url: str, payload: dict) -> tuple[str, int]:
+    text, chunks = "", 0
+    with requests.post(url + "/generate", json={**payload, "stream": True}, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            text = json.loads(line[6:])["text"]  # cumulative
+            chunks += 1
+    return text, chunks
+
+
+def test_streaming_equals_plain_sglang(servers):
+    plain, spec, _ = servers
+    payload = {"text": "abc abc abc", "sampling_params": {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}}
+    want, _ = _stream(plain, payload)
+    got, chunks = _stream(spec, payload)
+    assert got == want and chunks > 1
+
+
+def _chat(url: str, body: dict) -> dict:
+    r = requests.post(url + "/v1/chat/completions", json={"model": "tiny", "temperature": 0, **body}, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def _chat_stream(url: str, body: dict) -> tuple[str, list]:
+    text, logprobs = "", []
+    with requests.post(url + "/v1/chat/completions", json={"model": "tiny", "temperature": 0, "stream": True, **body},
+                       stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            text += choice["delta"].get("content") or ""
+            logprobs += (choice.get("logprobs") or {}).get("content") or []
+    return text, logprobs
+
+
+def _same_logprobs(a: list, b: list, tol: float = 1e-4) -> bool:
+    return len(a) == len(b) and all(
+        x["token"] == y["token"] and abs(x["logprob"] - y["logprob"]) <= tol
+        and [t["token"] for t in x["top_logprobs"]] == [t["token"] for t in y["top_logprobs"]]
+        for x, y in zip(a, b))
+
+
+def test_chat_completions_equal_plain_sglang(servers):
+    plain, spec, _ = servers
+    messages = [{"role": "user", "content": "hello there, what is it?"}]
+    body = {"messages": messages, "max_tokens": 24, "logprobs": True, "top_logprobs": 2}
+    want, got = _chat(plain, body), _chat(spec, body)
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert _same_logprobs(got["choices"][0]["logprobs"]["content"], want["choices"][0]["logprobs"]["content"])
+    assert len(got["choices"][0]["logprobs"]["content"]) == got["usage"]["completion_tokens"]
+
+    want_text, want_lp = _chat_stream(plain, body)
+    got_text, got_lp = _chat_stream(spec, body)
+    assert got_text == want_text == want["choices"][0]["message"]["content"]
+    assert _same_logprobs(got_lp, want_lp)
+
+    schema = {"messages": messages, "max_tokens": 48,
+              "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}
+    want, got = _chat(plain, schema), _chat(spec, schema)
+    content = got["choices"][0]["message"]["content"]
+    assert content == want["choices"][0]["message"]["content"]
+    if got["choices"][0]["finish_reason"] == "stop":
+        assert set(json.loads(content)) == {"name", "age"}
+
+
+def test_the_tree_path_ran(servers):
+    """Runs last (file order): the REANCHOR server accepted paths through shifted rows above."""
+    _, _, trace = servers
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert sum(row["shifted_accepts"] for row in rows) > 0
