@@ -20,7 +20,7 @@ from typing import Iterator
 
 import requests
 
-CPU_ARGS = ["--device", "cpu", "--attention-backend", "triton", "--disable-cuda-graph", "--dtype", "float32",
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "reanchor_sdpa", "--disable-cuda-graph", "--dtype", "float32",
             "--mem-fraction-static", "0.3", "--max-total-tokens", "4096", "--random-seed", "0",
             "--skip-server-warmup", "--log-level", "warning"]
 

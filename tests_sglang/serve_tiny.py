@@ -37,7 +37,7 @@ def main() -> None:
     if algorithm != "NONE":
         spec = dict(speculative_algorithm=algorithm, speculative_draft_model_path=f"{root}/drafter")
     args = dict(model_path=f"{root}/target", device="cpu", skip_tokenizer_init=True, dtype="float32",
-                attention_backend="triton", disable_cuda_graph=True, mem_fraction_static=0.3,
+                attention_backend="reanchor_sdpa", disable_cuda_graph=True, mem_fraction_static=0.3,
                 max_total_tokens=2048, log_level="warning", random_seed=0, **spec)
     llm = sgl.Engine(**{**args, **engine_args})
     results = {}

@@ -102,7 +102,7 @@ def test_frontend_programs_equal_plain_sglang(servers, name):
         assert g.text() == w.text(), name
         for field in fields:
             assert g[field] == w[field], (name, field)
-    if name == "json":
+    if name == "json" and got[0].get_meta_info("obj")["finish_reason"]["type"] == "stop":  # not cut by max_tokens
         assert set(json.loads(got[0]["obj"])) == {"name", "age"}
     if name == "regex":
         assert all(g["word"] and g["word"][0] in "abcde" for g in got)

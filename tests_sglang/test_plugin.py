@@ -72,7 +72,7 @@ def test_server_args_resolve_with_nothing_else(tiny_dirs):
     assert got == {
         "speculative_algorithm": "REANCHOR", "speculative_num_steps": 1, "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 48, "disable_overlap_schedule": True, "disable_cuda_graph": True,
-        "attention_backend": "triton", "speculative_draft_attention_backend": "triton",
+        "attention_backend": "reanchor_sdpa", "speculative_draft_attention_backend": "reanchor_sdpa",
         "max_running_requests": 48,
     }
 

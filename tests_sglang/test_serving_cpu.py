@@ -1,4 +1,4 @@
-"""REANCHOR inside SGLang on CPU (Triton kernels under TRITON_INTERPRET=1), against oracles.
+"""REANCHOR inside SGLang on CPU (attention: the plugin's ``reanchor_sdpa``, and Triton under TRITON_INTERPRET=1), against oracles.
 
 A tiny random Llama target and DFlash drafter (float32) are saved as Hugging Face
 folders. The same pair runs
@@ -88,15 +88,21 @@ ROUNDS = [
 
 
 @pytest.mark.parametrize(
-    "config,method",
-    [('{"policy": "offset"}', "reanchor"), (None, "reanchor"), ('{"offsets": []}', "dflash")],
-    ids=["offset", "default", "no-offsets-is-dflash"],
+    "config,method,backend",
+    [('{"policy": "offset"}', "reanchor", "reanchor_sdpa"), ('{"policy": "offset"}', "reanchor", "triton"),
+     (None, "reanchor", "reanchor_sdpa"), ('{"offsets": []}', "dflash", "reanchor_sdpa"),
+     ('{"offsets": []}', "dflash", "triton")],
+    ids=["offset", "offset-triton", "default", "no-offsets-is-dflash", "no-offsets-is-dflash-triton"],
 )
-def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config, method):
-    """With no offsets the plugin drafts and verifies DFlash's chain: the oracle is the reference DFlash."""
+def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config, method, backend):
+    """With no offsets the plugin drafts and verifies DFlash's chain: the oracle is the reference DFlash.
+
+    Both CPU attention backends that apply the tree mask: the plugin's ``reanchor_sdpa``
+    (the default) and SGLang's Triton kernels in the interpreter.
+    """
     root, target, drafter = pair
     trace = tmp_path / "trace.jsonl"
-    got = serve(root, "REANCHOR", ROUNDS, config, trace)
+    got = serve(root, "REANCHOR", ROUNDS, config, trace, engine_args={"attention_backend": backend})
     reference = SpeculativeGenerator(target, drafter, config=parse_config(config or "{}"))
     taus = trace_taus(trace)
     cases = list(PROMPTS.items()) + [("a-again", PROMPTS["a"]), ("a-next", (got["a-next"]["input_ids"], 16))]

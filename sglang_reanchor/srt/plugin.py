@@ -34,6 +34,7 @@ def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
+    from . import cpu_attention
     from .cpu_compat import register_cpu_hooks
     from .request_checks import register_request_hooks
     from .spec import NAME, ReAnchorSpecAlgo, validate_server_args
@@ -41,6 +42,7 @@ def register() -> None:
     if get_spec(NAME) is not None:
         return
     register_cpu_hooks()  # plain-CPU serving only; see cpu_compat
+    cpu_attention.register()  # a new --attention-backend choice, reanchor_sdpa (custom masks on CPU)
     # The dtype and Triton mask hooks are installed by ReAnchorWorker (REANCHOR processes only).
     register_request_hooks()  # custom logit processors refused on arrival; see request_checks
     SpeculativeAlgorithm.register(

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 NAME = "REANCHOR"
 DEFAULT_MAX_RUNNING_REQUESTS = 48  # as DFLASH
 # Backends whose TARGET_VERIFY path applies ``spec_info.custom_mask`` (FULL_MASK layout).
-MASKED_BACKENDS = ("flashinfer", "triton")
+MASKED_BACKENDS = ("flashinfer", "triton", "reanchor_sdpa")  # reanchor_sdpa: cpu_attention
 
 
 class ReAnchorSpecAlgo(CustomSpecAlgo):
@@ -151,9 +151,9 @@ def handle_server_args(server_args: Any) -> None:
     on_cuda = str(cfg.device or "cuda").startswith("cuda")
     target_backend = _user_value(server_args, "attention_backend")
     if target_backend is None:
-        # SGLang's CPU default (torch_native) ignores custom masks; triton honours them.
+        # SGLang's CPU default (torch_native) ignores custom masks; reanchor_sdpa is it plus them (cpu_attention).
         target_backend = cfg.attention_backend if on_cuda and cfg.attention_backend else None
-        target_backend = target_backend or ("flashinfer" if on_cuda else "triton")
+        target_backend = target_backend or ("flashinfer" if on_cuda else "reanchor_sdpa")
         server_args.attention_backend = target_backend
     draft_backend = _user_value(server_args, "speculative_draft_attention_backend") or target_backend
     server_args.speculative_draft_attention_backend = draft_backend
@@ -162,7 +162,7 @@ def handle_server_args(server_args: Any) -> None:
         if backend not in MASKED_BACKENDS:
             raise ValueError(
                 f"REANCHOR: {flag} {backend} does not apply a custom tree mask; use one of "
-                f"{', '.join(MASKED_BACKENDS)} (triton runs on CPU under TRITON_INTERPRET=1)"
+                f"{', '.join(MASKED_BACKENDS)} (on CPU: reanchor_sdpa, or triton under TRITON_INTERPRET=1)"
             )
     if cfg.max_running_requests is None:
         server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
