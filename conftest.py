@@ -10,4 +10,5 @@ import importlib.util
 
 collect_ignore = []
 if importlib.util.find_spec("sglang") is None:
-    collect_ignore += ["sglang_reanchor/srt/spec.py", "sglang_reanchor/srt/worker.py", "sglang_reanchor/srt/cpu_compat.py"]
+    collect_ignore += ["sglang_reanchor/srt/spec.py", "sglang_reanchor/srt/worker.py", "sglang_reanchor/srt/cpu_compat.py",
+                       "sglang_reanchor/srt/cpu_attention.py"]
