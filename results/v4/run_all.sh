@@ -8,7 +8,7 @@
 set -euo pipefail
 PY=${PY:-python}
 DRAFTER=${DRAFTER:-sglang_reanchor/assets/smollm2-135m-dflash-b16}
-OUT=results/v4
+OUT=${OUT:-results/v4}
 
 # 0. Drafter choice on development prompts (samples 50-51 of each dataset, never evaluated):
 #    DFlash tau of each candidate folder (this session: CANDIDATES="<v2 folder> <v4 folder>", the shipped
