@@ -51,6 +51,20 @@ class ReAnchorConfig:
         Ablation of the paper's Table 4: ``"all"`` keeps every attached node,
         ``"in_block"`` only nodes at depth ``<= B - 1``, ``"beyond"`` only nodes
         of shifted rows below depth ``B - 1`` (plus the whole baseline).
+    max_depth:
+        The deepest draft depth sent to verification (the root is depth 0), for
+        the baseline chain and the shifted rows alike; None verifies the whole
+        block (``B - 1`` drafts, DFlash's default). A weak drafter's deep drafts
+        are almost never accepted, and on hardware where verify cost grows with
+        the node count (CPUs) they are not free: the cost model picks this.
+        Drafts past it are not computed either (no LM-head rows for them).
+        With a cap, the ``region`` ablations see the capped block.
+    draft_slots:
+        Query slots per drafted block, anchor included (``[anchor, MASK x (W-1)]``);
+        None runs the drafter's whole ``block_size``, as z-lab's DFlash does. Fewer
+        slots make the drafter forward cheaper, but a slot then sees fewer masks
+        after it than in training, so the drafts differ. Drafts deeper than
+        ``draft_slots - 1`` are not made, whatever ``max_depth`` says.
     max_requests:
         Cap on the number of requests whose rejected suffix is held at once.
     seed:
@@ -63,6 +77,8 @@ class ReAnchorConfig:
     fallback: NoMatchFallback = "skip"
     node_budget: int = 48
     region: Region = "all"
+    max_depth: int | None = None
+    draft_slots: int | None = None
     max_requests: int = 4096
     seed: int = 0
 
@@ -89,6 +105,14 @@ class ReAnchorConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ReAnchorConfig.{name} must be an int >= 1, got {value!r}")
+        if self.max_depth is not None and (
+            isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1
+        ):
+            raise ValueError(f"ReAnchorConfig.max_depth must be None or an int >= 1, got {self.max_depth!r}")
+        if self.draft_slots is not None and (
+            isinstance(self.draft_slots, bool) or not isinstance(self.draft_slots, int) or self.draft_slots < 2
+        ):
+            raise ValueError(f"ReAnchorConfig.draft_slots must be None or an int >= 2, got {self.draft_slots!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"ReAnchorConfig.seed must be an int, got {self.seed!r}")
 

@@ -213,7 +213,8 @@ def build_draft_tree(
     Returns
     -------
     DraftTree
-        Nodes in creation order, at most ``config.node_budget`` per request.
+        Nodes in creation order, at most ``config.node_budget`` per request, none
+        deeper than ``config.max_depth``.
     """
     bs, block = baseline.shape
     rows = shifted.shape[1]
@@ -257,6 +258,8 @@ def build_draft_tree(
     )
     keep = torch.cat([torch.ones_like(depth_base, dtype=torch.bool), keep_rows.reshape(bs, -1)], dim=1)
     depth = torch.cat([depth_base, depth_rows.reshape(bs, -1)], dim=1)
+    if config.max_depth is not None:  # a node's parent is shallower, so the cut leaves a tree
+        keep &= depth <= config.max_depth
 
     # Parent candidate of each candidate (the same path minus its last token).
     n_cand = paths.shape[1]

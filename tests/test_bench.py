@@ -17,7 +17,7 @@ from sglang_reanchor.bench.datasets import MATH_SUFFIX, Sample, load_dataset, pa
 from sglang_reanchor.bench.methods import MethodSpec, parse_methods
 from sglang_reanchor.bench.metrics import Record, summarize
 from sglang_reanchor.bench.report import write_report
-from sglang_reanchor.bench.runner import BenchSettings, Runner, _record
+from sglang_reanchor.bench.runner import DEPTHS, BenchSettings, Runner, _record
 from sglang_reanchor.engine.generator import RoundTrace
 from sglang_reanchor.tree import DraftTree, build_draft_tree
 
@@ -91,7 +91,10 @@ def test_method_specs():
     assert specs[2].config(ReAnchorConfig()) == ReAnchorConfig(offsets=(1, 2), node_budget=20, root_site=True)
     labels = [s.label for s in specs]
     assert "reanchor:region=in_block" in labels and labels.count("reanchor:policy=offset") == 1
-    for bad in ("eagle", "reanchor:nope=1", "dflash:policy=offset", "reanchor:policy"):
+    chain = MethodSpec.parse("dflash:max_depth=3,draft_slots=6").config(ReAnchorConfig())
+    assert (chain.max_depth, chain.draft_slots) == (3, 6)
+    for bad in ("eagle", "reanchor:nope=1", "dflash:policy=offset", "reanchor:policy", "target:max_depth=2",
+                "dflash:max_depth=0"):
         with pytest.raises(ValueError):
             MethodSpec.parse(bad)
     with pytest.raises(ValueError, match="policy"):
@@ -202,6 +205,33 @@ def test_budget_taus_and_histogram():
     assert analysis.histogram([1, 3, 3, 16]) == {1: 1, 3: 2, 16: 1}
 
 
+def test_capped_taus_match_a_rebuilt_capped_tree():
+    """The predicted (tau, nodes) under a depth cap and budget equal those of the tree the
+    engine would build with that cap, verified against the same target top-1."""
+    truth = [9, 5, 6, 5, 7, 8, 1, 2, 3]
+    base, rows = [9, 5, 6, 5, 0, 0], [[6, 5, 7, 8, 1, 2]]  # the row, at site 2, runs on the truth
+    r = _diag_round(base, rows, (1,), truth)
+    assert r.accept_length == 8
+    n = int(r.tree.num_nodes[0])
+    got = analysis.capped_taus([r], [2, 4, 100], [1, 2, 3, 8])
+    assert got[(100, 8)] == (r.accept_length, n)  # no cut: the round as traced
+    for (b, m), (tau, nodes) in got.items():
+        cfg = ReAnchorConfig(offsets=(1,), policy="offset", node_budget=b, max_depth=m)
+        tree = build_draft_tree(torch.tensor([base]), torch.tensor([rows]), offsets=torch.tensor([1]),
+                                row_valid=torch.tensor([[True]]), rejected_tokens=torch.tensor([[0, 0]]),
+                                config=cfg, sites=torch.tensor([[2]]))
+        assert nodes == int(tree.num_nodes[0]) and int(tree.depth.max()) <= m
+        # greedy walk of the capped tree along the target's tokens
+        path, node = 1, 0
+        while True:
+            kids = [i for i in range(int(tree.num_nodes[0])) if int(tree.parents[0, i]) == node]
+            nxt = [i for i in kids if int(tree.tokens[0, i]) == truth[int(tree.depth[0, i])]]
+            if not nxt:
+                break
+            node, path = nxt[0], path + 1
+        assert tau == path, (b, m)
+
+
 # ---- end to end ---------------------------------------------------------------------------------
 
 
@@ -266,18 +296,29 @@ def test_end_to_end_tiny_bench(pair, tmp_path):
 
 def test_cost_profile_curve_and_defaults(pair, tmp_path):
     target, drafter = pair
-    prof = cost.measure_profile(target, drafter, prefix=8, sizes=(1, 4, 8), rows=(1, 2, 3), repeats=1)
+    prof = cost.measure_profile(target, drafter, prefix=8, sizes=(1, 4, 8), rows=(1, 2, 3), repeats=1,
+                                depths=(1, 2, 5))
     assert set(prof.verify_s) == {1, 4, 8} and prof.verify(6) > 0 and prof.draft(2) > 0
+    assert set(prof.draft_capped_s) == {1, 2} and prof.draft(2, 1) > 0  # block 4: 3 drafts, m = 5 is no cap
     specs = parse_methods(["dflash", "reanchor:offsets=1,node_budget=64", "reanchor:offsets=1/2,node_budget=64"])
     runner = Runner(target, drafter, specs, ReAnchorConfig(), _codec, str, BenchSettings(max_new_tokens=10, warmup=False))
     records = runner.run([Sample("d", "0", ("x",))])
     prof.overhead_s = cost.fit_overhead(prof, records)
     curve = cost.budget_curve(prof, records)
     assert {r["method"] for r in curve} == {"target", "dflash", *[s.label for s in specs[1:]]}
+    chain = {r["max_depth"]: r for r in curve if r["method"] == "dflash"}
+    assert set(chain) == {0, *DEPTHS} and all(chain[m]["nodes"] <= m + 1 for m in DEPTHS)
+    assert all(chain[m]["tau"] <= chain[0]["tau"] + 1e-9 for m in DEPTHS)  # a cap never adds acceptance
     prof.defaults = cost.choose_defaults(curve)
+    best = max((r for r in curve if str(r["method"]).startswith("reanchor")), key=lambda r: r["tokens_per_s"])
+    assert prof.defaults["predicted_tokens_per_s"] == best["tokens_per_s"]
+    assert prof.defaults["max_depth"] == (best["max_depth"] or None)
     prof.save(tmp_path / "p.json")
+    assert cost.CostProfile.load(tmp_path / "p.json").draft_capped_s == prof.draft_capped_s
     cfg = cost.profile_config(tmp_path / "p.json")
     assert cfg.node_budget == prof.defaults["node_budget"] and list(cfg.offsets) == prof.defaults["offsets"]
+    assert cfg.max_depth == prof.defaults["max_depth"] and cfg.policy == prof.defaults["policy"]
+    assert "max_depth" in cost.cost_markdown(prof, curve)
     assert "verify ms" in cost.cost_markdown(prof, curve)
     # the same profile drives the run-time budget ("reanchor:node_budget=auto")
     auto = parse_methods(["dflash", "reanchor:offsets=1/2,node_budget=auto"])

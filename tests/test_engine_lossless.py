@@ -50,7 +50,14 @@ def make_case(case: int, tmp_path):
     )
     gen = torch.Generator().manual_seed(case)
     prompt = torch.randint(0, vocab, (1, rng.randint(1, 10)), generator=gen)
-    return target, drafter, config, prompt, rng.choice([1, 7, 33, 48])
+    max_new = rng.choice([1, 7, 33, 48])
+    # a third of the cases cap the depth and/or draft shortened blocks (own stream: the draws
+    # above stay as they were)
+    cut = random.Random(10_000 + case)
+    if cut.random() < 1 / 3:
+        config = config.replace(max_depth=cut.choice([1, 2, 3, block - 1, block + 2]),
+                                draft_slots=cut.choice([None, 2, 3, block // 2 + 1, block]))
+    return target, drafter, config, prompt, max_new
 
 
 def hf_greedy(target, prompt, max_new):
@@ -74,6 +81,10 @@ def test_speculative_tokens_equal_hf_greedy(case, tmp_path):
             assert sum(result.acceptance_lengths) >= len(result.tokens) - 1  # the first token comes from prefill
             assert all(1 <= t <= 2 * drafter.block_size for t in result.acceptance_lengths)
             assert all(n <= max(config.node_budget, drafter.block_size) for n in result.tree_sizes)
+            deepest = config.max_depth or 2 * drafter.block_size  # no tree node lies deeper
+            if method == "dflash":  # nor any chain node past the drafted slots
+                deepest = min(deepest, (config.draft_slots or drafter.block_size) - 1)
+            assert all(t <= deepest + 1 for t in result.acceptance_lengths), (method, config)
     assert len(gen.suffixes) == 0  # every request's state is released
 
 

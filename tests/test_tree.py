@@ -40,7 +40,8 @@ def oracle_sites(baseline, row, d, rejected, cfg):
 
 
 def oracle_tree(baseline, rows, offsets, rejected, cfg):
-    """Insert baseline then rows into a dict trie, in creation order; apply region and budget."""
+    """Insert baseline then rows into a dict trie, in creation order; apply region, depth cap
+    and budget."""
     block = len(baseline)
     tokens, parents, depth = [baseline[0]], [-1], [0]
     child = {}
@@ -54,8 +55,11 @@ def oracle_tree(baseline, rows, offsets, rejected, cfg):
             depth.append(depth[parent] + 1)
         return child[key]
 
+    cap = block + len(baseline) if cfg.max_depth is None else cfg.max_depth
     base_nodes = [0]
     for tok in baseline[1:]:
+        if len(base_nodes) > cap:  # the next baseline node would sit at depth len(base_nodes)
+            break
         base_nodes.append(insert(base_nodes[-1], tok))
     sites = []
     for row, d in zip(rows, offsets):
@@ -65,6 +69,8 @@ def oracle_tree(baseline, rows, offsets, rejected, cfg):
             continue
         for k, tok in enumerate(row):
             dep = site + k
+            if dep > cap:
+                break
             if cfg.region == "in_block" and dep > block - 1:
                 break
             if cfg.region == "beyond" and dep <= block - 1 and baseline[dep] != tok:
@@ -101,6 +107,7 @@ def tree_inputs(draw):
         fallback=draw(st.sampled_from(["skip", "offset"])),
         node_budget=draw(st.integers(1, 4 * block)),
         region=draw(st.sampled_from(["all", "in_block", "beyond"])),
+        max_depth=draw(st.one_of(st.none(), st.integers(1, 2 * block))),
     )
     return baseline, shifted, offsets, valid, rejected, cfg
 

@@ -9,7 +9,7 @@
 
 ``cost`` measures the verify/draft cost curve on this machine, runs a traced
 ReAnchor sweep on development prompts (disjoint from ``run``'s, via ``--skip``),
-predicts tokens/s per (offsets, node budget) and writes ``cost_profile.json``
+predicts tokens/s per (policy, offsets, node budget, depth cap) and writes ``cost_profile.json``
 (load it with ``run --profile``), ``cost.md`` and ``cost_curve.png``::
 
     python -m sglang_reanchor.bench cost --out results/cost
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ReAnchorConfig
+from ..config import ATTACH_POLICIES, ReAnchorConfig
 from ..precision import cpu_bf16_flags, parse_dtype
 from ..runtime import keep_freed_memory
 from . import cost as cost_mod
@@ -41,7 +41,7 @@ from .datasets import Sample, load_dataset, read_prompts
 from .methods import MethodSpec, parse_methods
 from .metrics import Record
 from .report import write_report
-from .runner import BenchSettings, Runner
+from .runner import DEPTHS, BenchSettings, Runner
 
 DEFAULT_DATASETS = ("gsm8k", "humaneval", "mt-bench", "aime25")
 SWEEP_OFFSETS = ("1", "1/2", "1/2/3", "1/2/3/4", "1/2/3/4/5/6")
@@ -90,6 +90,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--sweep-offsets", nargs="+", default=list(SWEEP_OFFSETS))
     c.add_argument("--sweep-budget", type=int, default=128)
+    c.add_argument("--sweep-policies", nargs="+", default=["earliest"], choices=ATTACH_POLICIES,
+                   help="attachment policies swept (each with every --sweep-offsets)")
     c.add_argument("--sweep-records", type=Path, default=None,
                    help="reuse the records of an earlier sweep (its sweep/results.json) instead of running one")
     m = sub.add_parser("merge", help="one report from the results.json of split runs")
@@ -189,12 +191,14 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_cost(args: argparse.Namespace, argv: list[str]) -> int:
     target, drafter, tokenizer, provenance = load_pair(args)
     print(f"drafter: {provenance}; measuring forwards at prefix {args.prefix} ...", flush=True)
-    profile = cost_mod.measure_profile(target, drafter, prefix=args.prefix, repeats=args.repeats)
+    profile = cost_mod.measure_profile(target, drafter, prefix=args.prefix, repeats=args.repeats, depths=DEPTHS)
     if args.sweep_records is not None:
         records = [Record(**r) for r in json.loads(args.sweep_records.read_text())["records"]]
     else:
         specs = [MethodSpec.parse("dflash")] + [
-            MethodSpec.parse(f"reanchor:offsets={o},node_budget={args.sweep_budget}") for o in args.sweep_offsets]
+            MethodSpec.parse(f"reanchor:{'' if p == 'earliest' else f'policy={p},'}offsets={o},"
+                             f"node_budget={args.sweep_budget}")
+            for p in args.sweep_policies for o in args.sweep_offsets]
         encode, decode = _codecs(tokenizer)
         runner = Runner(target, drafter, specs, ReAnchorConfig(), encode, decode, _settings(args))
         records = runner.run(load_samples(args), desc="sweep")

@@ -15,6 +15,7 @@ samples and datasets; `ratio` turns them into percentages.
 - `budget_taus`: the tau each round would have had under a smaller node budget
   (nodes are numbered in creation order, parents first, so a budget keeps a
   prefix of every path: the accepted path's nodes with id < budget).
+- `capped_taus`: the same under a depth cap and a budget together (``max_depth``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..engine.generator import RoundTrace, SpeculativeGenerator, _Draft
 from ..tree import DraftTree, build_draft_tree
 
 __all__ = [
-    "DiagnosticGenerator", "budget_taus", "earliest_win", "histogram", "path_accept_length",
+    "DiagnosticGenerator", "budget_taus", "capped_taus", "earliest_win", "histogram", "path_accept_length",
     "post_rejection_agreement", "ratio", "start_token_alignment",
 ]
 
@@ -156,6 +157,32 @@ def budget_taus(rounds: Iterable[RoundTrace], budgets: Sequence[int]) -> dict[in
         ids = r.accepted_nodes
         for b in budgets:
             out[b].append(int((ids < b).sum()))
+    return out
+
+
+def capped_taus(rounds: Iterable[RoundTrace], budgets: Sequence[int],
+                depths: Sequence[int]) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per (budget ``b``, depth cap ``m``): summed (tau, verified nodes) over ``rounds``
+    had only nodes at depth ``<= m`` been kept, then the first ``b`` of them.
+
+    The engine's cut (``ReAnchorConfig.max_depth``) drops the deep nodes before the
+    budget numbers the rest in creation order, so a node survives when its rank
+    among the shallow nodes is below ``b``; the accepted path, parents first, keeps
+    a prefix. With the same drafts, this is the round's tau under that cut.
+    """
+    out = {(b, m): (0, 0) for b in budgets for m in depths}
+    for r in rounds:
+        n = int(r.tree.num_nodes[0])
+        depth = r.tree.depth[0, :n]
+        for m in depths:
+            shallow = depth <= m
+            rank = shallow.long().cumsum(0) - 1  # rank of each shallow node in creation order
+            path = r.accepted_nodes
+            for b in budgets:
+                tau = int((shallow[path] & (rank[path] < b)).sum())
+                nodes = min(int(shallow.sum()), b)
+                t, k = out[(b, m)]
+                out[(b, m)] = (t + tau, k + nodes)
     return out
 
 

@@ -8,7 +8,9 @@ model (`sglang_reanchor.budget`; needs ``--profile``); ``dtype=float32`` (or
 ``bfloat16``) runs that method's target and drafter in another precision than the
 run's ``--dtype`` (any method; e.g. ``target:dtype=bfloat16`` measures plain decoding
 in both); ``draft_vocab=K`` drafts over the drafter's ``K`` most frequent target tokens
-(its folder's ``draft_vocab.safetensors``; `sglang_reanchor.drafter.draft_vocab`). The spec string is the method's label in every table. `ABLATIONS` are the
+(its folder's ``draft_vocab.safetensors``; `sglang_reanchor.drafter.draft_vocab`);
+``max_depth=n`` verifies drafts down to depth ``n`` only and ``draft_slots=W`` drafts
+blocks of ``W`` query slots (both for ``dflash`` and ``reanchor``). The spec string is the method's label in every table. `ABLATIONS` are the
 paper's Tables 4, 6 and 7.
 
 >>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
@@ -39,7 +41,8 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "table6_attachment": ("reanchor:policy=offset", "reanchor:policy=random", "reanchor:policy=longest_prefix"),
     "table7_fixed_offset": ("reanchor:policy=offset",),
 }
-_INT_FIELDS = {"node_budget", "max_requests", "seed"}
+_INT_FIELDS = {"node_budget", "max_requests", "seed", "max_depth", "draft_slots"}
+_CHAIN_FIELDS = {"max_depth", "draft_slots"}  # settings that apply to DFlash's chain too
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 _BOOL_FIELDS = {"root_site"}
 
@@ -82,8 +85,15 @@ class MethodSpec:
                 auto = True
                 continue
             changes[key] = _convert(key, value)
-        if (changes or auto) and method != "reanchor":
-            raise ValueError(f"method spec {text!r}: only 'reanchor' takes config changes")
+        if (auto or set(changes) - _CHAIN_FIELDS) and method != "reanchor":
+            raise ValueError(f"method spec {text!r}: only 'reanchor' takes config changes "
+                             "('dflash' takes max_depth and draft_slots)")
+        if set(changes) & _CHAIN_FIELDS and method == "target":
+            raise ValueError(f"method spec {text!r}: max_depth and draft_slots apply to 'dflash' and 'reanchor'")
+        try:
+            ReAnchorConfig().replace(**changes)  # bad values fail here, naming the field
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"method spec {text!r}: {err}") from None
         return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto, dtype=dtype,
                           draft_vocab=vocab)
 

@@ -32,11 +32,15 @@ from .datasets import Sample
 from .methods import MethodSpec
 from .metrics import Record, token_hash
 
-__all__ = ["BenchSettings", "Runner", "BUDGETS"]
+__all__ = ["BenchSettings", "Runner", "BUDGETS", "CAPPED_BUDGETS", "DEPTHS"]
 
 Encode = Callable[[list[dict[str, str]]], list[int]]
 Decode = Callable[[list[int]], str]
 BUDGETS: tuple[int, ...] = (16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128)
+# depth caps (ReAnchorConfig.max_depth) the cost model predicts from traced rounds, and
+# the node budgets it pairs them with (a capped tree is small)
+DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
+CAPPED_BUDGETS: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 16, 20, 24, 32)
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,9 @@ def _record(sample: Sample, turn: int, label: str, result: GenerationResult, dty
         taus = analysis.budget_taus(rounds, BUDGETS)
         stats["budget_tau"] = {str(b): sum(t) for b, t in taus.items()}
         stats["budget_nodes"] = {str(b): sum(min(int(r.tree.num_nodes[0]), b) for r in rounds) for b in BUDGETS}
+        capped = analysis.capped_taus(rounds, CAPPED_BUDGETS, DEPTHS)  # keys "budget@depth"
+        stats["capped_tau"] = {f"{b}@{m}": t for (b, m), (t, _) in capped.items()}
+        stats["capped_nodes"] = {f"{b}@{m}": k for (b, m), (_, k) in capped.items()}
     rounds_n = len(result.acceptance_lengths) if result.method != "target" else len(result.tokens)
     return Record(
         dataset=sample.dataset, sample=sample.id, turn=turn, method=label, tokens=len(result.tokens),

@@ -74,7 +74,7 @@ def multi_anchor_mask(context_length: int, extra_visible: Tensor, num_extra: int
 
 def draft_hidden(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tensor,
                  anchor_positions: Tensor, extra_features: Tensor | None, extra_visible: Tensor,
-                 embed_tokens: nn.Module) -> Tensor:
+                 embed_tokens: nn.Module, num_slots: int | None = None) -> Tensor:
     """Drafter hidden states of R blocks in one forward (see the module docstring).
 
     Parameters
@@ -93,11 +93,16 @@ def draft_hidden(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tens
         ``[bs, R]`` long in ``[0, X]``: block r sees extra rows ``0..extra_visible-1``.
     embed_tokens : nn.Module
         The target's input embedding (``ids [..] -> [.., H]``).
+    num_slots : int or None
+        Query slots ``W`` per block, anchor included: ``[anchor, MASK x (W-1)]``. None
+        means ``W = B``, z-lab's DFlash. A shorter block is a cheaper forward, but its
+        slots no longer see the masks past ``W``, so its drafts differ from the trained
+        block's.
 
     Returns
     -------
     Tensor
-        ``[bs, R, B, H]`` hidden states after the drafter's final norm.
+        ``[bs, R, W, H]`` hidden states after the drafter's final norm.
     """
     if anchors.dtype != torch.long or anchors.dim() != 2:
         raise ValueError(f"anchors must be long [bs, R], got {anchors.dtype} {tuple(anchors.shape)}")
@@ -111,15 +116,15 @@ def draft_hidden(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tens
         raise ValueError(f"extra_features must be [bs={bs}, X, K*H], got {tuple(extra_features.shape)}")
     if bool((extra_visible < 0).any() or (extra_visible > num_extra).any()):
         raise ValueError(f"extra_visible must be in [0, X={num_extra}], got {extra_visible.tolist()}")
-    block, c_len = drafter.block_size, cache.length
+    width, c_len = _slots(drafter, num_slots), cache.length
 
-    # queries: [anchor, MASK x (B-1)] per block, block-major
-    ids = torch.full((bs, num_blocks, block), drafter.mask_token_id, dtype=torch.long,
+    # queries: [anchor, MASK x (W-1)] per block, block-major
+    ids = torch.full((bs, num_blocks, width), drafter.mask_token_id, dtype=torch.long,
                      device=anchors.device)
     ids[:, :, 0] = anchors
-    offsets = torch.arange(block, device=anchors.device)
-    positions = (anchor_positions[:, :, None] + offsets).reshape(bs, num_blocks * block)
-    embeds = embed_tokens(ids.reshape(bs, num_blocks * block))
+    offsets = torch.arange(width, device=anchors.device)
+    positions = (anchor_positions[:, :, None] + offsets).reshape(bs, num_blocks * width)
+    embeds = embed_tokens(ids.reshape(bs, num_blocks * width))
 
     context = cache.kv
     if num_extra:
@@ -127,30 +132,53 @@ def draft_hidden(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tens
         extra_pos = (c_len + torch.arange(num_extra, device=anchors.device)).expand(bs, -1)
         extra = drafter.project_context(extra_features, extra_pos)
         context = extra if context is None else context.cat(extra)
-    mask = multi_anchor_mask(c_len, extra_visible, num_extra, block)
-    hidden = drafter(embeds, positions, context, mask)  # [bs, R*B, H]
-    return hidden.view(bs, num_blocks, block, -1)
+    mask = multi_anchor_mask(c_len, extra_visible, num_extra, width)
+    hidden = drafter(embeds, positions, context, mask)  # [bs, R*W, H]
+    return hidden.view(bs, num_blocks, width, -1)
 
 
 def draft_blocks(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tensor,
                  anchor_positions: Tensor, extra_features: Tensor | None, extra_visible: Tensor,
-                 embed_tokens: nn.Module, lm_head: nn.Module) -> Tensor:
+                 embed_tokens: nn.Module, lm_head: nn.Module, num_drafts: int | None = None,
+                 num_slots: int | None = None) -> Tensor:
     """Greedy drafts of R blocks in one drafter forward.
 
     Arguments as `draft_hidden`, plus ``lm_head``: the target's output head
-    (``[.., H] -> [.., V]``), or a `DraftVocabHead` of it (drafts from its tokens only).
+    (``[.., H] -> [.., V]``), or a `DraftVocabHead` of it (drafts from its tokens only),
+    and ``num_drafts``: how many drafts ``n`` to read per block (None: all ``W - 1``).
+    The LM head skips the slots past them; the drafter still runs over all ``W``
+    slots, so the first ``n`` drafts do not depend on ``num_drafts``.
 
     Returns
     -------
     Tensor
-        ``[bs, R, B]`` long: ``[:, r, 0]`` is the anchor, ``[:, r, 1:]`` the greedy
-        (argmax) drafts for positions ``anchor_positions[:, r] + 1 .. + B-1``.
+        ``[bs, R, 1 + n]`` long: ``[:, r, 0]`` is the anchor, ``[:, r, 1:]`` the greedy
+        (argmax) drafts for positions ``anchor_positions[:, r] + 1 .. + n``.
     """
+    width = _slots(drafter, num_slots)
+    n = width - 1 if num_drafts is None else num_drafts
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= width - 1:
+        raise ValueError(f"num_drafts must be None or an int in [1, {width - 1}] (query slots - 1), got {num_drafts!r}")
     hidden = draft_hidden(drafter, cache, anchors, anchor_positions, extra_features,
-                          extra_visible, embed_tokens)
-    # Logits for all B slots, slot 0 dropped after: the same drafts, and on CPU a GEMM
+                          extra_visible, embed_tokens, num_slots=width)
+    # Logits for slots 0..n, slot 0 dropped after: the same drafts, and on CPU a GEMM
     # with M = B = 16 rows takes a faster path than M = 15 (about 2x here).
-    drafts = lm_head(hidden).argmax(dim=-1)[:, :, 1:]  # [bs, R, B-1]
+    # Rows flattened to 2-D: for some [bs, R, n, H] shapes `linear` takes a batched-matmul
+    # path that copies the whole weight (5 ms for 8,192 x 576 here), 2-D is always one GEMM.
+    bs, rows = anchors.shape
+    flat = hidden[:, :, : 1 + n].reshape(bs * rows * (1 + n), hidden.shape[-1])
+    drafts = lm_head(flat).argmax(dim=-1).view(bs, rows, 1 + n)[:, :, 1:]  # [bs, R, n]
     if isinstance(lm_head, DraftVocabHead):  # argmax over a reduced vocabulary: map back
         drafts = lm_head.token_ids[drafts]
     return torch.cat([anchors[:, :, None], drafts], dim=-1)
+
+
+def _slots(drafter: DFlashDrafter, num_slots: int | None) -> int:
+    """Query slots per block: ``num_slots`` checked, or the drafter's ``block_size``."""
+    block = drafter.block_size
+    if num_slots is None:
+        return block
+    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or not 2 <= num_slots <= block:
+        raise ValueError(f"num_slots must be None or an int in [2, {block}] (the drafter's block_size), "
+                         f"got {num_slots!r}")
+    return num_slots

@@ -7,7 +7,7 @@ accepted path's KV and features, store the rejected suffix) -> stop check.
 
 Methods: ``"target"`` (plain decoding with a KV cache), ``"dflash"`` (the baseline
 block verified as a chain) and ``"reanchor"`` (baseline plus shifted blocks,
-verified as a tree). All three emit exactly the target's tokens at T=0 and the
+verified as a tree). ``config.max_depth`` caps both at that many drafts deep. All three emit exactly the target's tokens at T=0 and the
 target's distribution at T>0; only the speed differs.
 
 With a `BudgetPolicy` (``budget_policy=``), ReAnchor picks each round's node budget
@@ -58,7 +58,7 @@ class RoundTrace:
 
     seq_len: int  # s: committed tokens whose KV was cached before the round (the root's position)
     tree: DraftTree  # batch 1: the verified tree (a chain for "dflash")
-    blocks: Tensor  # [1 + R, B] long: row 0 = bonus + baseline drafts; row r = anchor a_d + drafts
+    blocks: Tensor  # [1 + R, 1 + n] long: row 0 = bonus + n baseline drafts; row r = anchor a_d + drafts
     offsets: tuple[int, ...]  # [R]: offset d of shifted row r (empty for "dflash")
     rejected_tokens: Tensor  # [L] long: the previous round's rejected suffix tokens r[s..s+L-1]
     top1: Tensor  # [N] long: target argmax after every node
@@ -75,7 +75,7 @@ class RoundTrace:
 class _Draft:
     """One drafter forward's output for one request, before it becomes a tree."""
 
-    blocks: Tensor  # [1, 1 + R, B] long: row 0 baseline, row r shifted (anchor a_d first)
+    blocks: Tensor  # [1, 1 + R, 1 + n] long: row 0 baseline, row r shifted (anchor a_d first)
     offsets: list[int]  # [R]: d of each shifted row
     rejected_tokens: Tensor  # [1, L] long: rejected suffix tokens (L = 0 when none)
 
@@ -163,6 +163,14 @@ class SpeculativeGenerator:
         self.budget_policy = budget_policy
         self.suffixes = SuffixStore(max_len=self.config.max_offset, max_requests=self.config.max_requests)
         self._tree_rng = torch.Generator().manual_seed(self.config.seed)
+        # query slots per block, and drafts read from them: nodes past max_depth are never verified
+        block = drafter.block_size
+        if self.config.draft_slots is not None and self.config.draft_slots > block:
+            raise ValueError(f"ReAnchorConfig.draft_slots ({self.config.draft_slots}) exceeds the drafter's "
+                             f"block_size ({block})")
+        self._num_slots = self.config.draft_slots
+        width = self._num_slots or block
+        self._num_drafts = min(self.config.max_depth or width - 1, width - 1)
         self._eos = self._eos_ids()
 
     @classmethod
@@ -329,7 +337,9 @@ class SpeculativeGenerator:
             extra_visible=torch.tensor([[0] + offsets], device=dev),
             embed_tokens=self.target.embed_tokens,
             lm_head=self.draft_head,
-        )  # [1, 1 + R, B]
+            num_drafts=self._num_drafts,
+            num_slots=self._num_slots,
+        )  # [1, 1 + R, 1 + n]: n = B - 1 drafts, or max_depth
         rejected = suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long, device=dev)
         draft = _Draft(blocks=blocks, offsets=offsets, rejected_tokens=rejected)
         return (self._build_tree(draft, node_budget, tree_rng) if shifted else DraftTree.chain(blocks[:, 0])), draft
