@@ -43,7 +43,8 @@ Public API
 ----------
 Masks (:mod:`attention.masks`): :func:`ancestor_mask`, :func:`batched_ancestor_mask`,
 :func:`tree_depths`, :func:`sglang_full_mask`, :func:`sglang_qlen_only_mask`,
-:func:`sglang_qlen_only_bitpacked`, :func:`drafter_multi_anchor_mask`.
+:func:`sglang_qlen_only_bitpacked`, :func:`multi_anchor_mask`, :func:`full_mask` (any per-request
+mask behind a prefix, FULL_MASK layout), :func:`padded_ancestor_mask` (the core's padded trees).
 Packing (:mod:`attention.packing`): :func:`segment_packbits`, :func:`pack_rows_to_words`.
 Planning (:mod:`attention.plan`): :class:`TreeBatch` -> :func:`plan_tree_batch` ->
 :class:`TreePlan` (FlashInfer ``plan()`` arrays for page size 1).
@@ -56,7 +57,9 @@ from attention.flashinfer_planner import FlashInferTreeAttention
 from attention.masks import (
     ancestor_mask,
     batched_ancestor_mask,
-    drafter_multi_anchor_mask,
+    full_mask,
+    multi_anchor_mask,
+    padded_ancestor_mask,
     sglang_full_mask,
     sglang_qlen_only_bitpacked,
     sglang_qlen_only_mask,
@@ -72,7 +75,9 @@ __all__ = [
     "TreePlan",
     "ancestor_mask",
     "batched_ancestor_mask",
-    "drafter_multi_anchor_mask",
+    "full_mask",
+    "multi_anchor_mask",
+    "padded_ancestor_mask",
     "pack_rows_to_words",
     "plan_tree_batch",
     "segment_packbits",

@@ -30,7 +30,9 @@ __all__ = [
     "ancestor_mask",
     "batched_ancestor_mask",
     "check_parents",
-    "drafter_multi_anchor_mask",
+    "full_mask",
+    "multi_anchor_mask",
+    "padded_ancestor_mask",
     "sglang_full_mask",
     "sglang_qlen_only_bitpacked",
     "sglang_qlen_only_mask",
@@ -89,17 +91,21 @@ def _flatten_forest(parents: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     return flat_parents, node_indptr
 
 
-def _ancestor_paths(flat_parents: Tensor) -> Tensor:
+def _ancestor_paths(flat_parents: Tensor, steps: int | None = None) -> Tensor:
     """Pointer jumping: ``paths[t, m]`` = the m-th ancestor of node t (m = 0 is t), or -1.
 
     ``flat_parents`` is ``[T]`` int64 of a forest whose parents precede their children.
     Returns ``[T, D]`` int64 with ``D`` a power of two ``> max depth``. Step k doubles
-    the known path length L: ``paths[t, L + m] = paths[anc_L(t), m]``.
+    the known path length L: ``paths[t, L + m] = paths[anc_L(t), m]``. With ``steps``
+    (enough when ``2**steps`` exceeds every depth) it runs exactly that many doublings
+    and never reads the device; else it stops when no ancestor is left (a sync a step).
     """
     num_nodes = flat_parents.numel()
     paths = torch.arange(num_nodes, device=flat_parents.device).unsqueeze(1)  # [T, 1]
     anc = flat_parents  # anc[t] = L-th ancestor of t, L = paths.shape[1]
-    while bool((anc >= 0).any()):
+    for _ in range(steps if steps is not None else num_nodes):
+        if steps is None and not bool((anc >= 0).any()):
+            break
         has = anc >= 0
         safe = anc.clamp(min=0)
         ext = torch.where(has.unsqueeze(1), paths[safe], -1)  # [T, L]: (L + m)-th ancestors
@@ -180,6 +186,36 @@ def batched_ancestor_mask(parents: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     return mask, num_nodes
 
 
+def padded_ancestor_mask(parents: Tensor) -> Tensor:
+    """Ancestor-or-self masks of a padded batch of trees (`sglang_reanchor.tree.DraftTree`).
+
+    Parameters
+    ----------
+    parents : Tensor
+        ``[bs, N]`` int64: node 0 of each row is a root (-1); a later node is either a
+        tree node (``0 <= parents[b, i] < i``) or padding (-1). Not validated: the
+        core builds these, and checking would sync with the device every round.
+
+    Returns
+    -------
+    Tensor
+        ``[bs, N, N]`` bool: ``[b, i, j]`` is True iff ``j`` is ``i`` or an ancestor of
+        ``i``. A padding node sees only itself (it is a root of its own).
+
+    >>> padded_ancestor_mask(torch.tensor([[-1, 0, 1], [-1, 0, -1]])).int().tolist()
+    [[[1, 0, 0], [1, 1, 0], [1, 1, 1]], [[1, 0, 0], [1, 1, 0], [0, 0, 1]]]
+    """
+    bs, n = parents.shape
+    base = torch.arange(bs, device=parents.device)[:, None] * n
+    flat_parents = torch.where(parents >= 0, parents + base, -1).reshape(-1)  # one forest, global ids
+    paths = _ancestor_paths(flat_parents, steps=max(1, (n - 1).bit_length()))  # [bs * N, D]; depth < N
+    valid = paths >= 0
+    node = torch.arange(bs * n, device=parents.device)[:, None].expand_as(paths)[valid]
+    mask = torch.zeros(bs * n, n, dtype=torch.bool, device=parents.device)
+    mask[node, paths[valid] % n] = True
+    return mask.view(bs, n, n)
+
+
 def tree_depths(parents: Sequence[Tensor]) -> Tensor:
     """Depth of every node of a batch (root 0), flat over the batch.
 
@@ -249,13 +285,57 @@ def sglang_full_mask(parents: Sequence[Tensor], prefix_lens: Sequence[int] | Ten
             [1, 1, 1, 1, 0, 1]], dtype=torch.int32)
     """
     blocks, num_nodes = batched_ancestor_mask(parents)
-    lens = _as_prefix_lens(prefix_lens, len(parents))
-    pieces = []
-    for b, (n, p) in enumerate(zip(num_nodes.tolist(), lens, strict=True)):
-        rows = torch.ones(n, p + n, dtype=torch.bool, device=blocks.device)
-        rows[:, p:] = blocks[b, :n, :n]
-        pieces.append(rows.flatten())
-    return torch.cat(pieces)
+    lens = torch.tensor(_as_prefix_lens(prefix_lens, len(parents)), dtype=torch.int64, device=blocks.device)
+    return full_mask(blocks, lens, rows=num_nodes, cols=num_nodes)
+
+
+def full_mask(tail: Tensor, prefix_lens: Tensor, rows: Tensor | None = None,
+              cols: Tensor | None = None, max_prefix: int | None = None) -> Tensor:
+    """The FULL_MASK layout of any per-request mask after a committed prefix, flat.
+
+    Request ``b``'s block is the row-major ``[r_b, P_b + c_b]`` matrix whose row ``i``
+    is ``P_b`` Trues (the committed KV) then ``tail[b, i, :c_b]``; blocks are
+    concatenated. `sglang_full_mask` is this with the ancestor mask as the tail; the
+    ReAnchor draft window (`sglang_reanchor.srt.layout`) uses it with the
+    `multi_anchor_mask` of its blocks.
+
+    Parameters
+    ----------
+    tail : Tensor
+        ``[bs, Q, K]`` bool, the mask among the new keys.
+    prefix_lens : Tensor
+        ``[bs]`` int64, ``P_b >= 0``.
+    rows, cols : Tensor or None
+        ``[bs]`` int64, ``r_b <= Q`` and ``c_b <= K`` (ragged requests); None: all.
+    max_prefix : int or None
+        ``max_b P_b`` when the caller knows it on the host (SGLang's ``seq_lens_cpu``);
+        None reads it from ``prefix_lens`` (a device sync).
+
+    Returns
+    -------
+    Tensor
+        ``[sum_b r_b * (P_b + c_b)]`` bool, built for the whole batch at once. The
+        boolean selection at the end sizes its output on the host, as any ragged
+        layout must.
+
+    >>> full_mask(torch.tensor([[[True, False], [True, True]]]), torch.tensor([1])).view(2, 3).int().tolist()
+    [[1, 1, 0], [1, 1, 1]]
+    """
+    bs, q, k = tail.shape
+    dev = tail.device
+    p = prefix_lens.to(device=dev, dtype=torch.int64)
+    r = torch.full((bs,), q, dtype=torch.int64, device=dev) if rows is None else rows.to(dev)
+    c = torch.full((bs,), k, dtype=torch.int64, device=dev) if cols is None else cols.to(dev)
+    width = p + c  # [bs]
+    if bs == 0 or k == 0:
+        return torch.ones(int((r * width).sum()), dtype=torch.bool, device=dev)
+    padded = (max_prefix if max_prefix is not None else int(p.max())) + k
+    col = torch.arange(padded, device=dev)  # padded columns
+    t = col[None, :] - p[:, None]  # [bs, W]: column of the tail (< 0: the prefix)
+    picked = tail.gather(2, t.clamp(0, k - 1)[:, None, :].expand(bs, q, -1))  # [bs, Q, W]
+    values = torch.where((t >= 0)[:, None, :], picked, True)
+    keep = (col[None, None, :] < width[:, None, None]) & (torch.arange(q, device=dev)[None, :, None] < r[:, None, None])
+    return values[keep]  # row-major over (b, i, column): each request's block in turn
 
 
 def sglang_qlen_only_mask(parents: Sequence[Tensor]) -> Tensor:
@@ -308,19 +388,16 @@ def sglang_qlen_only_bitpacked(parents: Sequence[Tensor]) -> Tensor:
 # ----------------------------------------------------------------------------
 
 
-def drafter_multi_anchor_mask(context_len: int, extra_len: int, extra_visible: Tensor, block_size: int) -> Tensor:
-    """Draft-model mask for drafting R blocks at once from different anchors (ReAnchor).
+def multi_anchor_mask(context_length: int, extra_visible: Tensor, num_extra: int, block_size: int) -> Tensor:
+    """Drafter mask for R blocks drafted at once from different anchors (ReAnchor).
 
-    Key layout ``[context (C) | extra context (E) | block_0 | ... | block_{R-1}]``;
-    query rows are the R blocks of ``block_size`` (B) tokens. Visibility rules:
+    Keys are ``[context (C) | extra context (X) | block_0 | ... | block_{R-1}]``;
+    query rows are the R blocks of ``block_size`` (B) slots, block-major. Rows of
+    block r see every context key, the first ``extra_visible[b, r]`` extra keys (the
+    rejected-suffix context its anchor sits after), every key of their own block
+    (bidirectional, as in DFlash), and no other block.
 
-    1. every row sees all C shared context keys;
-    2. rows of block r see the first ``extra_visible[r]`` of the E extra keys (the
-       rejected-suffix context that block r's anchor sits after);
-    3. rows of block r see every key of block r (bidirectional, as in DFlash);
-    4. rows never see another block.
-
-    Example: C = 2, E = 3, extra_visible = [0, 2], B = 2 (1 = attend)::
+    Example: C = 2, X = 3, extra_visible = [[0, 2]], B = 2 (1 = attend)::
 
                     ctx   extra    blk0  blk1
                     c c   e e e    . .   . .
@@ -331,43 +408,36 @@ def drafter_multi_anchor_mask(context_len: int, extra_len: int, extra_visible: T
 
     Parameters
     ----------
-    context_len : int
-        C >= 0.
-    extra_len : int
-        E >= 0.
+    context_length : int
+        ``C >= 0``, shared by the batch (the reference drafter's context cache). SGLang's
+        draft window passes 0 and puts each request's own context in front with `full_mask`.
     extra_visible : Tensor
-        ``[R]`` int64, ``0 <= extra_visible[r] <= E``; its device is the output's.
+        ``[bs, R]`` int64 in ``[0, X]``; its device is the output's.
+    num_extra : int
+        ``X >= 0``.
     block_size : int
-        B >= 1.
+        ``B >= 1``.
 
     Returns
     -------
     Tensor
-        ``[R * B, C + E + R * B]`` bool, True = attend.
+        ``[bs, R * B, C + X + R * B]`` bool, True = attend.
 
-    Examples
-    --------
-    >>> drafter_multi_anchor_mask(2, 3, torch.tensor([0, 2]), 2).int()
+    >>> multi_anchor_mask(2, torch.tensor([[0, 2]]), 3, 2)[0].int()
     tensor([[1, 1, 0, 0, 0, 1, 1, 0, 0],
             [1, 1, 0, 0, 0, 1, 1, 0, 0],
             [1, 1, 1, 1, 0, 0, 0, 1, 1],
             [1, 1, 1, 1, 0, 0, 0, 1, 1]], dtype=torch.int32)
     """
-    if context_len < 0:
-        raise ValueError(f"context_len must be >= 0, got {context_len}")
-    if extra_len < 0:
-        raise ValueError(f"extra_len must be >= 0, got {extra_len}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    if not isinstance(extra_visible, Tensor) or extra_visible.dim() != 1 or extra_visible.dtype != torch.int64:
-        raise ValueError("extra_visible must be a 1-D int64 tensor of shape [R]")
-    if extra_visible.numel() and not bool(((extra_visible >= 0) & (extra_visible <= extra_len)).all()):
-        raise ValueError(f"extra_visible must lie in [0, extra_len={extra_len}]")
-    device = extra_visible.device
-    num_blocks = extra_visible.numel()
-    row_block = torch.arange(num_blocks * block_size, device=device) // block_size  # [R*B]
-    ctx = torch.ones(row_block.numel(), context_len, dtype=torch.bool, device=device)
-    extra = torch.arange(extra_len, device=device).unsqueeze(0) < extra_visible[row_block].unsqueeze(1)
-    col_block = torch.arange(num_blocks * block_size, device=device) // block_size  # [R*B]
-    own = row_block.unsqueeze(1) == col_block.unsqueeze(0)
-    return torch.cat([ctx, extra, own], dim=1)
+    if context_length < 0 or num_extra < 0 or block_size < 1:
+        raise ValueError(f"need context_length >= 0, num_extra >= 0, block_size >= 1; got "
+                         f"{context_length}, {num_extra}, {block_size}")
+    if not isinstance(extra_visible, Tensor) or extra_visible.dim() != 2 or extra_visible.dtype != torch.int64:
+        raise ValueError("extra_visible must be a 2-D int64 tensor of shape [bs, R]")
+    bs, num_blocks = extra_visible.shape
+    dev = extra_visible.device
+    q_block = torch.arange(num_blocks * block_size, device=dev) // block_size  # [R*B]
+    committed = torch.ones(bs, num_blocks * block_size, context_length, dtype=torch.bool, device=dev)
+    extra = torch.arange(num_extra, device=dev) < extra_visible[:, q_block, None]  # [bs, R*B, X]
+    own = (q_block[:, None] == q_block[None, :]).expand(bs, -1, -1)  # [bs, R*B, R*B]
+    return torch.cat([committed, extra, own], dim=-1)

@@ -51,6 +51,14 @@ class ReAnchorConfig:
         Ablation of the paper's Table 4: ``"all"`` keeps every attached node,
         ``"in_block"`` only nodes at depth ``<= B - 1``, ``"beyond"`` only nodes
         of shifted rows below depth ``B - 1`` (plus the whole baseline).
+    batch_node_budget:
+        The most tree nodes verified per round over a whole batch (SGLang serving):
+        each of ``bs`` requests keeps at most ``batch_node_budget // bs`` nodes (at
+        least 1), its lowest-numbered ones, so as the batch grows the trees fall
+        back to a prefix of DFlash's chain, and the verify forward stays in the
+        range where nodes are nearly free. None: ``node_budget`` per request at every
+        batch size. The reference engine runs batch 1: it keeps
+        ``min(node_budget, batch_node_budget)``.
     max_depth:
         The deepest draft depth sent to verification (the root is depth 0), for
         the baseline chain and the shifted rows alike; None verifies the whole
@@ -77,6 +85,7 @@ class ReAnchorConfig:
     fallback: NoMatchFallback = "skip"
     node_budget: int = 48
     region: Region = "all"
+    batch_node_budget: int | None = None
     max_depth: int | None = None
     draft_slots: int | None = None
     max_requests: int = 4096
@@ -105,6 +114,10 @@ class ReAnchorConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ReAnchorConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("batch_node_budget",):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"ReAnchorConfig.{name} must be None or an int >= 1, got {value!r}")
         if self.max_depth is not None and (
             isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1
         ):

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attention.masks import padded_ancestor_mask
+
 from .config import ReAnchorConfig
 
 __all__ = ["DraftTree", "build_draft_tree"]
@@ -132,18 +134,10 @@ class DraftTree:
     def ancestor_mask(self) -> Tensor:
         """``[bs, N, N]`` bool: ``[b, i, j]`` is True iff ``j`` is ``i`` or an ancestor of ``i``.
 
-        Padding nodes see only themselves. Computed by boolean transitive closure
-        (log2(N) squarings of the parent relation), not by walking nodes.
+        Padding nodes see only themselves. Pointer jumping over the whole batch
+        (`attention.masks.padded_ancestor_mask`), not a walk over nodes.
         """
-        bs, n = self.parents.shape
-        eye = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(bs, n, n)
-        has_parent = self.parents >= 0
-        direct = torch.zeros(bs, n, n, dtype=torch.bool, device=self.parents.device)
-        direct.scatter_(2, self.parents.clamp(min=0)[..., None], has_parent[..., None])
-        reach = (eye | direct).float()
-        for _ in range(max(1, (n - 1).bit_length())):
-            reach = (reach @ reach).clamp_(max=1.0)
-        return reach.bool()
+        return padded_ancestor_mask(self.parents)
 
     def retrieve_arrays(self) -> tuple[Tensor, Tensor, Tensor]:
         """SGLang's tree pointers, each ``[bs, N]`` long (-1 = none).

@@ -21,7 +21,9 @@ from attention import masks, packing, plan
 from attention.masks import (
     ancestor_mask,
     batched_ancestor_mask,
-    drafter_multi_anchor_mask,
+    full_mask,
+    multi_anchor_mask,
+    padded_ancestor_mask,
     sglang_full_mask,
     sglang_qlen_only_bitpacked,
     sglang_qlen_only_mask,
@@ -164,9 +166,9 @@ def test_bitpacked_word_dtype_follows_tree_size() -> None:
 
 
 def test_drafter_mask_hand_case() -> None:
-    got = drafter_multi_anchor_mask(1, 2, torch.tensor([2, 0, 1]), 1)
+    got = multi_anchor_mask(1, torch.tensor([[2, 0, 1]]), 2, 1)[0]
     assert got.int().tolist() == [[1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1]]
-    assert drafter_multi_anchor_mask(3, 0, torch.zeros(0, dtype=torch.int64), 4).shape == (0, 3)
+    assert multi_anchor_mask(3, torch.zeros(1, 0, dtype=torch.int64), 0, 4).shape == (1, 0, 3)
 
 
 @pytest.mark.parametrize(
@@ -195,11 +197,11 @@ def test_invalid_arguments_raise() -> None:
     with pytest.raises(ValueError, match="32"):
         sglang_qlen_only_bitpacked([torch.arange(-1, 32)])
     with pytest.raises(ValueError, match="extra_visible"):
-        drafter_multi_anchor_mask(2, 3, torch.tensor([4]), 2)
+        multi_anchor_mask(2, torch.tensor([4]), 3, 2)  # [R], not [bs, R]
     with pytest.raises(ValueError, match="extra_visible"):
-        drafter_multi_anchor_mask(2, 3, torch.tensor([1.0]), 2)
+        multi_anchor_mask(2, torch.tensor([[1.0]]), 3, 2)
     with pytest.raises(ValueError, match="block_size"):
-        drafter_multi_anchor_mask(2, 3, torch.tensor([1]), 0)
+        multi_anchor_mask(2, torch.tensor([[1]]), 3, 0)
     with pytest.raises(ValueError, match="indptr"):
         segment_packbits(torch.ones(5, dtype=torch.bool), torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="kv_indices"):
@@ -278,10 +280,48 @@ def test_drafter_mask_matches_reference(data: st.DataObject) -> None:
     extra_len = data.draw(st.integers(0, 6))
     block_size = data.draw(st.integers(1, 4))
     visible = data.draw(st.lists(st.integers(0, extra_len), min_size=0, max_size=4))
-    got = drafter_multi_anchor_mask(context_len, extra_len, torch.tensor(visible, dtype=torch.int64), block_size)
-    num_blocks = len(visible)
-    assert got.shape == (num_blocks * block_size, context_len + extra_len + num_blocks * block_size)
-    assert got.tolist() == ref_drafter(context_len, extra_len, visible, block_size)
+    rows = data.draw(st.integers(1, 3))
+    visible = torch.tensor([visible] * rows, dtype=torch.int64).reshape(rows, len(visible))
+    got = multi_anchor_mask(context_len, visible, extra_len, block_size)
+    num_blocks = visible.shape[1]
+    assert got.shape == (rows, num_blocks * block_size, context_len + extra_len + num_blocks * block_size)
+    for b in range(rows):
+        assert got[b].tolist() == ref_drafter(context_len, extra_len, visible[b].tolist(), block_size)
+
+
+@PROPERTY
+@given(batch=st.lists(trees(max_nodes=10), min_size=1, max_size=4), data=st.data())
+def test_padded_ancestor_mask_is_each_trees_mask_padding_sees_itself(batch: list[list[int]],
+                                                                     data: st.DataObject) -> None:
+    """The core's padded trees (-1 padding) get each tree's ancestor mask; padding nodes see themselves."""
+    n = max(len(t) for t in batch) + data.draw(st.integers(0, 2))
+    parents = torch.full((len(batch), n), -1, dtype=torch.int64)
+    for b, t in enumerate(batch):
+        parents[b, : len(t)] = torch.tensor(t)
+    got = padded_ancestor_mask(parents)
+    for b, t in enumerate(batch):
+        want = torch.eye(n, dtype=torch.bool)
+        want[: len(t), : len(t)] = ancestor_mask(torch.tensor(t))
+        assert torch.equal(got[b], want), (t, n)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_full_mask_is_each_requests_rows_behind_its_prefix(data: st.DataObject) -> None:
+    bs, q, k = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 5)), data.draw(st.integers(0, 5))
+    tail = torch.tensor(data.draw(st.lists(st.booleans(), min_size=bs * q * k, max_size=bs * q * k))).view(bs, q, k)
+    prefix = torch.tensor(data.draw(st.lists(st.integers(0, 6), min_size=bs, max_size=bs)))
+    ragged = data.draw(st.booleans())
+    rows = torch.tensor([data.draw(st.integers(0, q)) for _ in range(bs)]) if ragged else None
+    cols = torch.tensor([data.draw(st.integers(0, k)) for _ in range(bs)]) if ragged else None
+    pieces = []
+    for b in range(bs):
+        r = q if rows is None else int(rows[b])
+        c = k if cols is None else int(cols[b])
+        block = torch.ones(r, int(prefix[b]) + c, dtype=torch.bool)
+        block[:, int(prefix[b]):] = tail[b, :r, :c]
+        pieces.append(block.flatten())
+    assert torch.equal(full_mask(tail, prefix, rows, cols), torch.cat(pieces))
 
 
 @PROPERTY

@@ -91,8 +91,11 @@ ROUNDS = [
     "config,method,backend",
     [('{"policy": "offset"}', "reanchor", "reanchor_sdpa"), ('{"policy": "offset"}', "reanchor", "triton"),
      (None, "reanchor", "reanchor_sdpa"), ('{"offsets": []}', "dflash", "reanchor_sdpa"),
-     ('{"offsets": []}', "dflash", "triton")],
-    ids=["offset", "offset-triton", "default", "no-offsets-is-dflash", "no-offsets-is-dflash-triton"],
+     ('{"offsets": []}', "dflash", "triton"),
+     ('{"policy": "offset", "offsets": [1, 2], "max_depth": 3}', "reanchor", "reanchor_sdpa"),
+     ('{"offsets": [], "max_depth": 2}', "dflash", "reanchor_sdpa")],
+    ids=["offset", "offset-triton", "default", "no-offsets-is-dflash", "no-offsets-is-dflash-triton",
+         "offset-max-depth", "dflash-max-depth"],
 )
 def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config, method, backend):
     """With no offsets the plugin drafts and verifies DFlash's chain: the oracle is the reference DFlash.
@@ -117,6 +120,23 @@ def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config,
     assert len(got["sampled"]["output_ids"]) == 12
     if config and method == "reanchor":  # this pair accepts through shifted rows under the offset policy
         assert max(max(t) for t in taus.values()) > 1
+
+
+def test_batch_node_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
+    """``batch_node_budget`` caps each request at its share of the batch's verify nodes:
+    3 requests together verify at most 7 // 3 = 2 nodes each (the root and one chain draft),
+    a request alone up to 7; the tokens stay the reference engine's greedy ones."""
+    root, target, drafter = pair
+    trace = tmp_path / "trace.jsonl"
+    config = '{"policy": "offset", "batch_node_budget": 7}'
+    got = serve(root, "REANCHOR", ROUNDS[:2], config, trace)
+    reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
+    for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:
+        assert got[rid]["output_ids"] == reference.generate(prompt, n, method="reanchor").tokens, rid
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert all(r["nodes"] <= max(1, 7 // r["batch"]) for r in rows), rows
+    assert {r["batch"] for r in rows} >= {1, 3}  # both regimes ran
+    assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree
 
 
 def test_reanchor_tokens_equal_plain_sglang(pair):

@@ -23,53 +23,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attention.masks import multi_anchor_mask  # the one multi-anchor mask (re-exported here)
+
 from .context import DraftContextCache
 from .draft_vocab import DraftVocabHead
 from .model import DFlashDrafter
 
 __all__ = ["draft_blocks", "draft_hidden", "multi_anchor_mask"]
-
-
-def multi_anchor_mask(context_length: int, extra_visible: Tensor, num_extra: int,
-                      block_size: int) -> Tensor:
-    """Attention mask for `draft_hidden` (True = attend).
-
-    Parameters
-    ----------
-    context_length : int
-        ``C``, committed context positions (all visible to every block).
-    extra_visible : Tensor
-        ``[bs, R]`` long, how many of the ``X`` extra rows block ``r`` sees (a prefix).
-    num_extra : int
-        ``X``, extra context rows.
-    block_size : int
-        ``B``.
-
-    Returns
-    -------
-    Tensor
-        ``[bs, R*B, C+X+R*B]`` bool; queries are block-major (block r, slot j at
-        ``r*B + j``); keys are ``[committed C | extra X | block 0 | ... | block R-1]``.
-
-    Examples
-    --------
-    C=1, X=2, B=2, two blocks seeing 0 and 2 extra rows::
-
-    >>> m = multi_anchor_mask(1, torch.tensor([[0, 2]]), 2, 2)
-    >>> print(m[0].int())
-    tensor([[1, 0, 0, 1, 1, 0, 0],
-            [1, 0, 0, 1, 1, 0, 0],
-            [1, 1, 1, 0, 0, 1, 1],
-            [1, 1, 1, 0, 0, 1, 1]], dtype=torch.int32)
-    """
-    bs, num_blocks = extra_visible.shape
-    dev = extra_visible.device
-    q_block = torch.arange(num_blocks * block_size, device=dev) // block_size  # [R*B]
-    committed = torch.ones(bs, num_blocks * block_size, context_length, dtype=torch.bool, device=dev)
-    visible = extra_visible[:, q_block]  # [bs, R*B]
-    extra = torch.arange(num_extra, device=dev) < visible[:, :, None]  # [bs, R*B, X]
-    own = (q_block[:, None] == q_block[None, :]).expand(bs, -1, -1)  # [bs, R*B, R*B]
-    return torch.cat([committed, extra, own], dim=-1)
 
 
 def draft_hidden(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tensor,

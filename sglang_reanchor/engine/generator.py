@@ -262,6 +262,7 @@ class SpeculativeGenerator:
                 out.append(self._decode_one(req, draw))
                 continue
             node_budget = budget.next_budget() if budget else self.config.node_budget
+            node_budget = min(node_budget, self.config.batch_node_budget or node_budget)  # batch 1
             # one drafter forward, then one target forward over every node
             tree, draft = self._propose(req, shifted=method == "reanchor", node_budget=node_budget,
                                         tree_rng=tree_rng or self._tree_rng)

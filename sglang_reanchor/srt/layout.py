@@ -12,7 +12,7 @@ Draft window (one drafter forward, ``ForwardMode.TARGET_VERIFY`` on the draft ru
 
 The drafter's attention prefix is ``s + X`` (its "seq_len"); its FULL_MASK row for a
 query of block r allows the ``s`` committed columns, the first ``d_r`` extra columns
-and its own block (`attention.drafter_multi_anchor_mask`). Extra columns are
+and its own block (`attention.masks.multi_anchor_mask` behind `full_mask`). Extra columns are
 overwritten by the committed rows of the same step, so they never outlive it.
 
 Verify (one target forward over the tree): node ``i`` at column ``s + i``, position
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attention import drafter_multi_anchor_mask
+from attention.masks import full_mask, multi_anchor_mask
 
 from ..tree import DraftTree
 from ..verify import Acceptance
@@ -64,6 +64,7 @@ def draft_window(
     offsets: tuple[int, ...],
     block_size: int,
     mask_token_id: int,
+    max_prefix: int | None = None,
 ) -> DraftWindow:
     """Lay out the baseline block and one shifted block per offset for each request.
 
@@ -76,6 +77,7 @@ def draft_window(
     offsets : the shifted offsets ``d_r`` (sorted).
     block_size : ``B``.
     mask_token_id : the drafter's MASK token.
+    max_prefix : ``max(s)`` from the host (``seq_lens_cpu``), so the mask needs no device read.
 
     >>> w = draft_window(torch.tensor([4]), torch.tensor([7]), torch.tensor([1]),
     ...                  torch.tensor([[8, 9]]), (1, 2), 2, 0)
@@ -103,9 +105,8 @@ def draft_window(
     j = torch.arange(block_size, device=dev)
     positions = (start[:, :, None] + j).reshape(bs, rows * block_size)
     visible = torch.cat([torch.zeros(bs, 1, dtype=torch.long, device=dev), torch.where(row_valid, d, 0)], 1)
-    masks = [
-        drafter_multi_anchor_mask(int(s[b]), extra, visible[b], block_size).flatten() for b in range(bs)
-    ]
+    # every request's own committed context goes in front (full_mask), so the blocks' mask is shared-free
+    mask = full_mask(multi_anchor_mask(0, visible, extra, block_size), s, max_prefix=max_prefix)
     q = rows * block_size
     return DraftWindow(
         input_ids=ids.reshape(bs, q),
@@ -113,7 +114,7 @@ def draft_window(
         extra_positions=s[:, None] + torch.arange(extra, device=dev),
         row_valid=row_valid,
         seq_lens=s + extra,
-        custom_mask=torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool, device=dev),
+        custom_mask=mask,
         query_columns=s[:, None] + extra + torch.arange(q, device=dev),
         extra_columns=s[:, None] + torch.arange(extra, device=dev),
     )
@@ -161,8 +162,9 @@ class VerifyInputs:
     retrieve_next_sibling: Tensor  # [bs, N] long
 
 
-def verify_inputs(tree: DraftTree, prefix_lens: Tensor) -> VerifyInputs:
-    """FULL_MASK, positions and pointer arrays of ``tree`` after ``prefix_lens`` (``[bs]``).
+def verify_inputs(tree: DraftTree, prefix_lens: Tensor, max_prefix: int | None = None) -> VerifyInputs:
+    """FULL_MASK, positions and pointer arrays of ``tree`` after ``prefix_lens`` (``[bs]``;
+    ``max_prefix``: its maximum from the host, if known).
 
     Padding nodes (past ``tree.num_nodes[b]``) attend to the prefix and themselves.
 
@@ -173,17 +175,11 @@ def verify_inputs(tree: DraftTree, prefix_lens: Tensor) -> VerifyInputs:
     """
     bs, n = tree.tokens.shape
     s = prefix_lens.long().to(tree.tokens.device)
-    anc = tree.ancestor_mask()
-    masks = []
-    for b in range(bs):
-        rows = torch.ones(n, int(s[b]) + n, dtype=torch.bool, device=anc.device)
-        rows[:, int(s[b]) :] = anc[b]
-        masks.append(rows.flatten())
     index, next_token, next_sibling = tree.retrieve_arrays()
     return VerifyInputs(
         tokens=tree.tokens.reshape(-1),
         positions=tree.positions(s).reshape(-1),
-        custom_mask=torch.cat(masks),
+        custom_mask=full_mask(tree.ancestor_mask(), s, max_prefix=max_prefix),
         columns=s[:, None] + torch.arange(n, device=s.device),
         retrieve_index=index,
         retrieve_next_token=next_token,
@@ -220,6 +216,7 @@ def commit_plan(tree: DraftTree, acc: Acceptance, prefix_lens: Tensor, stride: i
     bs, width = tree.tokens.shape
     dev = tree.tokens.device
     t = acc.accept_lengths.long()
+    # a device read, but the scheduler reads these lengths on the host right after anyway
     if int(t.max()) > stride:
         raise ValueError(f"an accepted path of {int(t.max())} tokens exceeds the output stride {stride}")
     nodes = acc.accepted_nodes  # [bs, T], -1 past t

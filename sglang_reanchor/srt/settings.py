@@ -27,6 +27,7 @@ from ..config import ReAnchorConfig
 __all__ = ["ENV_VAR", "ServingWidths", "load_config", "parse_config", "serving_widths"]
 
 ENV_VAR = "SGLANG_REANCHOR_CONFIG"
+UNSERVED_FIELDS = ("draft_slots",)
 
 
 def parse_config(text: str) -> ReAnchorConfig:
@@ -37,7 +38,7 @@ def parse_config(text: str) -> ReAnchorConfig:
     >>> parse_config('{"ofsets": [1]}')
     Traceback (most recent call last):
     ...
-    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, max_requests, seed
+    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, max_requests, seed
     """
     source = text.strip()
     if not source.startswith("{"):
@@ -51,8 +52,12 @@ def parse_config(text: str) -> ReAnchorConfig:
         raise ValueError(f"{ENV_VAR}: invalid JSON ({err})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{ENV_VAR}: expected a JSON object, got {type(raw).__name__}")
-    names = [f.name for f in fields(ReAnchorConfig)]
+    # draft_slots is the reference engine's: SGLang's draft window runs whole blocks
+    names = [f.name for f in fields(ReAnchorConfig) if f.name not in UNSERVED_FIELDS]
     for key in raw:
+        if key in UNSERVED_FIELDS:
+            raise ValueError(f"{ENV_VAR}: {key!r} is not served (the SGLang draft window runs whole blocks); "
+                             f"fields are {', '.join(names)}")
         if key not in names:
             raise ValueError(f"{ENV_VAR}: unknown field {key!r}; fields are {', '.join(names)}")
     if isinstance(raw.get("offsets"), list):
@@ -94,10 +99,12 @@ class ServingWidths:
         """``X + Q``: req_to_token columns the draft window writes past ``s``."""
         return self.extra_rows + self.draft_queries
 
+    max_depth: int  # deepest verified node: 2B - 1, or the config's max_depth
+
     @property
     def output_stride(self) -> int:
-        """Most tokens one request commits in a round: a path reaches depth ``<= 2B - 1``."""
-        return min(self.verify_nodes, 2 * self.block_size)
+        """Most tokens one request commits in a round: a path reaches depth ``<= max_depth``."""
+        return min(self.verify_nodes, self.max_depth + 1)
 
 
 def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
@@ -113,4 +120,5 @@ def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
     extra = config.max_offset
     queries = rows * block_size
     nodes = config.node_budget
-    return ServingWidths(block_size, rows, extra, queries, nodes, max(nodes, extra + queries))
+    depth = min(2 * block_size - 1, config.max_depth or 2 * block_size)
+    return ServingWidths(block_size, rows, extra, queries, nodes, max(nodes, extra + queries), depth)

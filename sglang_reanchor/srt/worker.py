@@ -106,6 +106,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._block_pos_offsets = build_block_pos_offsets(length=block, device=self.device)
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=block, device=self.device)
         self.reanchor = load_config()
+        self._num_drafts = min(self.reanchor.max_depth or block - 1, block - 1)  # drafts read per block
         self.widths = serving_widths(self.reanchor, block)
         self.speculative_num_draft_tokens = self.widths.reserve_width
         install_context_end()  # SGLang's reservation stops at the req_to_token row's end (context_end)
@@ -158,7 +159,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         lengths, sfx_tokens, sfx_preds, sfx_feats = self.suffixes.gather(slots, prefix)
         # near the row's end the window and the tree shrink to the columns left (context_end)
         room = round_room(seq_lens_cpu, int(req_to_token.shape[1]),
-                          self.widths.draft_columns, self.widths.verify_nodes)
+                          self.widths.draft_columns, self._round_node_budget(bs))
         # a short reservation fails here, before any write, not as a write into someone else's slots
         check_reserved(reserved_columns(batch.reqs, seq_lens_cpu), room.writes, batch.reqs)
 
@@ -168,6 +169,7 @@ class ReAnchorWorker(DFlashWorkerV2):
             offsets=torch.tensor(self.reanchor.offsets, dtype=torch.long, device=blocks.device),
             row_valid=row_valid, rejected_tokens=sfx_tokens, config=self.reanchor, generator=self._tree_rng,
         )
+        # room lives on the host (from seq_lens_cpu): these checks read no device memory
         if not bool(room.drafted.all()) or int(room.node_caps.max()) < tree.width:
             tree = cap_tree(tree, room.node_caps)
         grammar_tree = None
@@ -176,7 +178,7 @@ class ReAnchorWorker(DFlashWorkerV2):
             grammar_tree = GrammarTree.from_device(next_token, next_sibling, tree.tokens)
 
         # --- verify: one target forward over the tree
-        vin = verify_inputs(tree, prefix)
+        vin = verify_inputs(tree, prefix, max_prefix=int(seq_lens_cpu.max()))
         width = tree.width
         verify_loc = req_to_token[slots[:, None], vin.columns].long()  # [bs, N]
         translator = self.target_worker.model_runner.kv_index_translator
@@ -288,20 +290,29 @@ class ReAnchorWorker(DFlashWorkerV2):
         logits_output.next_token_logits = logits.gather(1, rows[:, :, None].expand(-1, -1, vocab)).reshape(-1, vocab)
         compute_spec_logprobs(batch, logits_output, commit.out_tokens.reshape(-1), chain_stride=stride)
 
+    def _round_node_budget(self, bs: int) -> int:
+        """Tree nodes each of ``bs`` requests may verify this round: ``node_budget``, or its share
+        of ``batch_node_budget`` (at least the root), so big batches verify short chains."""
+        nodes = self.widths.verify_nodes
+        if self.reanchor.batch_node_budget is not None:
+            nodes = min(nodes, max(1, self.reanchor.batch_node_budget // bs))
+        return nodes
+
     def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, lengths: torch.Tensor,
                sfx_preds: torch.Tensor, sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One drafter forward over the 1 + R blocks of every request with ``drafted`` (``[bs]`` bool, host).
 
-        Returns ``(blocks [bs, 1+R, B] long, row_valid [bs, R] bool)``; a request not
+        Returns ``(blocks [bs, 1+R, 1+n] long, row_valid [bs, R] bool)``, ``n`` drafts per block
+        (``B - 1``, or ``max_depth``: deeper nodes are never verified); a request not
         drafted gets ``[bonus, MASK...]`` rows, none valid (its tree is cut to the root).
         """
-        bs, block, rows = prefix.shape[0], self.block_size, 1 + len(self.reanchor.offsets)
+        bs, width, rows = prefix.shape[0], 1 + self._num_drafts, 1 + len(self.reanchor.offsets)
         bonus = batch.spec_info.bonus_tokens.view(-1)
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
         if bool(drafted.all()):
             return self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu, bonus,
                                     lengths, sfx_preds, sfx_feats)
-        blocks = torch.full((bs, rows, block), int(self._mask_token_id), dtype=torch.long, device=prefix.device)
+        blocks = torch.full((bs, rows, width), int(self._mask_token_id), dtype=torch.long, device=prefix.device)
         blocks[:, 0, 0] = bonus.long()
         row_valid = torch.zeros(bs, rows - 1, dtype=torch.bool, device=prefix.device)
         if bool(drafted.any()):
@@ -319,7 +330,8 @@ class ReAnchorWorker(DFlashWorkerV2):
         bs, block = prefix.shape[0], self.block_size
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         translator = self.target_worker.model_runner.kv_index_translator
-        win = draft_window(prefix, bonus, lengths, sfx_preds, self.reanchor.offsets, block, int(self._mask_token_id))
+        win = draft_window(prefix, bonus, lengths, sfx_preds, self.reanchor.offsets, block, int(self._mask_token_id),
+                           max_prefix=int(seq_lens_cpu.max()))
         queries = win.input_ids.shape[1]
         extra = self.widths.extra_rows
 
@@ -378,9 +390,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
             hidden = out.logits_output.hidden_states.view(bs, -1, block, out.logits_output.hidden_states.shape[-1])
+            n = self._num_drafts  # the LM head skips the slots past max_depth
             drafts = self._greedy_sample_from_vocab_parallel_head(
-                hidden_states=hidden[:, :, 1:].reshape(-1, hidden.shape[-1]), lm_head=lm_head
-            ).view(bs, -1, block - 1)
+                hidden_states=hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head=lm_head
+            ).view(bs, -1, n)
         blocks = torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2)
         return blocks, win.row_valid
 
@@ -392,6 +405,7 @@ class ReAnchorWorker(DFlashWorkerV2):
             for b, req in enumerate(batch.reqs):
                 f.write(json.dumps({
                     "rid": req.rid,
+                    "batch": len(batch.reqs),
                     "seq_len": int(batch.seq_lens[b]),
                     "tau": int(acc.accept_lengths[b]),
                     "nodes": int(tree.num_nodes[b]),
