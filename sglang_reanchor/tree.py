@@ -223,6 +223,9 @@ def build_draft_tree(
     else:
         attached = row_valid & (sites >= 0) & (sites <= block) & ((sites > 0) | (shifted[:, :, 0] == baseline[:, :1]))
         sites = sites.clamp(min=0)
+    # an attached row sits at depth <= B; a row left out may name a site past the block (an
+    # offset d > B): its paths are never kept, but they must stay inside the path arrays
+    sites = sites.clamp(max=block)
 
     # Each candidate node is named by its full token path from the root, padded with -1.
     # Candidates: the B baseline prefixes, then for each row r and k < B the path

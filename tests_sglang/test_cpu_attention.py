@@ -8,6 +8,7 @@ The server tests compare it with SGLang's Triton kernels
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,3 +54,27 @@ def test_registered_as_an_attention_backend_choice():
     register()
     assert NAME in ATTENTION_BACKEND_CHOICES and NAME in DRAFT_ATTENTION_BACKEND_CHOICES
     assert NAME in ATTENTION_BACKENDS
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (9, 3)])
+def test_torch_qk_norm_rope_equals_sglangs_triton_kernel(heads):
+    """The plain-CPU replacement of the drafter's fused QK-RMSNorm + RoPE kernel
+    (`cpu_compat._table_qk_norm_rope_torch`) against SGLang's Triton kernel in the interpreter."""
+    from sglang.kernels.ops.attention.table_qk_norm_rope import table_qk_norm_rope_
+
+    from sglang_reanchor.srt.cpu_compat import _table_qk_norm_rope_torch
+
+    hq, hk = heads
+    d, t = 64, 7
+    g = torch.Generator().manual_seed(hq)
+    qkv = torch.randn(t, (hq + 2 * hk) * d, generator=g).to(torch.bfloat16)
+    positions = torch.tensor([0, 3, 5, 40, 41, 2, 100])
+    q_w, k_w = (1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16), (1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16)
+    angles = torch.arange(128)[:, None] * (10000 ** (-torch.arange(0, d, 2) / d))[None]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)  # [max_pos, D], SGLang's table layout
+    want, got = qkv.clone(), qkv.clone()
+    table_qk_norm_rope_(want, positions, q_w, k_w, cos_sin, hq, hk, d, 1e-6)
+    _table_qk_norm_rope_torch(None, got, positions, q_w, k_w, cos_sin, hq, hk, d, 1e-6)
+    assert torch.equal(got[:, (hq + hk) * d:], qkv[:, (hq + hk) * d:])  # V untouched
+    assert not torch.equal(got, qkv)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

@@ -113,7 +113,9 @@ def round_room(seq_lens_cpu: Tensor, row_width: int, draft_columns: int, node_bu
         b = int(room.argmin())
         raise RuntimeError(f"REANCHOR: request {b} has {int(seq_lens_cpu[b])} committed tokens, no req_to_token "
                            f"column left in its row of {row_width}")
-    drafted = room >= draft_columns
+    # a round that may verify the root alone (node_budget 1, e.g. a big batch's share of
+    # batch_node_budget) has no use for drafts: skip the drafter for it
+    drafted = (room >= draft_columns) & (node_budget > 1)
     cap = min(node_budget, int(room.min()))
     node_caps = torch.where(drafted, cap, 1)
     writes = torch.maximum(torch.where(drafted, draft_columns, 0), node_caps.max().expand_as(room))

@@ -25,6 +25,12 @@ plain or DFLASH server with this package installed runs SGLang's own functions:
   the kernel with ``skip_prefix_custom_mask=False``; every other forward is
   untouched. (FlashInfer applies the whole FULL_MASK row already.)
 
+- (plain CPU only) The DFlash drafter's attention (``models/dflash.py``) runs its
+  bfloat16 QK-RMSNorm + RoPE through a Triton kernel (``table_qk_norm_rope_``), in the
+  interpreter on a CPU: minutes per drafter forward for SmolLM2's drafter. The hook
+  replaces it with the same arithmetic in torch (`_table_qk_norm_rope_torch`: norm in
+  float32, rounded to bfloat16, then the neox rotation from the same cos/sin table).
+
 - ``ModelRunner._extend_forward_kwargs`` casts ``forward_batch.input_embeds`` to
   bfloat16 whatever the model's dtype, so a DFlash drafter run in float32 or
   float16 (its block embeddings come in as ``input_embeds``) fails with "expected
@@ -36,12 +42,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EXTEND_KWARGS", "TRITON_EXTEND", "install_reanchor_hooks", "needs_cpu_hooks", "register_cpu_hooks",
-           "register_dtype_hooks", "register_mask_hooks"]
+__all__ = ["EXTEND_KWARGS", "QK_NORM_ROPE", "TRITON_EXTEND", "install_reanchor_hooks", "needs_cpu_hooks",
+           "register_cpu_hooks", "register_dtype_hooks", "register_mask_hooks"]
 
 ROPE_INIT = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
 EXTEND_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
 TRITON_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
+QK_NORM_ROPE = "sglang.kernels.ops.attention.table_qk_norm_rope.table_qk_norm_rope_"
 
 
 def needs_cpu_hooks() -> bool:
@@ -115,11 +122,32 @@ def register_mask_hooks() -> None:
     HookRegistry.register(TRITON_EXTEND, _extend_with_prefix_mask, HookType.AROUND)
 
 
+def _table_qk_norm_rope_torch(original: Any, qkv: Any, positions: Any, q_weight: Any, k_weight: Any,
+                              cos_sin_cache: Any, num_q_heads: int, num_k_heads: int, head_dim: int,
+                              eps: float) -> None:
+    """``table_qk_norm_rope_`` in torch: in place on the Q and K heads of ``qkv`` ``[T, (Hq+Hk+Hv)*D]``."""
+    import torch
+
+    del original  # the Triton kernel: only the interpreter runs it on a CPU
+    t, heads, half = qkv.shape[0], num_q_heads + num_k_heads, head_dim // 2
+    if t == 0:
+        return
+    qk = qkv[:, : heads * head_dim].view(t, heads, head_dim)  # a view: written back in place
+    x = qk.float()
+    weight = torch.cat([q_weight.float().expand(num_q_heads, head_dim), k_weight.float().expand(num_k_heads, head_dim)])
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight).to(torch.bfloat16).float()
+    table = cos_sin_cache[positions.long()].float()  # [T, D]: cos | sin
+    cos, sin = table[:, None, :half], table[:, None, half:]
+    y1, y2 = y[..., :half], y[..., half:]
+    qk.copy_(torch.cat([y1 * cos - y2 * sin, y2 * cos + y1 * sin], dim=-1).to(qkv.dtype))
+
+
 _installed = False
 
 
 def install_reanchor_hooks() -> bool:
-    """Patch the dtype and Triton prefix-mask hooks in now; returns False if already done.
+    """Patch the dtype and Triton prefix-mask hooks (and, on a plain CPU, the QK-norm-RoPE
+    one) in now; returns False if already done.
 
     Called from ``ReAnchorWorker.__init__`` (before its model runners exist), not
     from the plugin entry point: ``load_plugins()`` runs in every SGLang process,
@@ -134,6 +162,12 @@ def install_reanchor_hooks() -> bool:
 
     register_dtype_hooks()
     register_mask_hooks()
-    apply_or_fail([EXTEND_KWARGS, TRITON_EXTEND])
+    targets = [EXTEND_KWARGS, TRITON_EXTEND]
+    if needs_cpu_hooks():
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        HookRegistry.register(QK_NORM_ROPE, _table_qk_norm_rope_torch, HookType.AROUND)
+        targets.append(QK_NORM_ROPE)
+    apply_or_fail(targets)
     _installed = True
     return True
