@@ -25,6 +25,7 @@ Sources (the CPU's real pair, SmolLM2-135M-Instruct + the shipped v2 drafter, T 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from pathlib import Path
@@ -44,11 +45,23 @@ SOURCES: tuple[tuple[str, str], ...] = (
 DEFAULT_OUT = "results/gpu_projection_inputs.json"
 
 
+def _stored_config(text: str) -> ReAnchorConfig | None:
+    """The `ReAnchorConfig` a run's meta recorded as its repr (fields added since keep their
+    defaults); None if it does not parse."""
+    try:
+        call = ast.parse(text, mode="eval").body
+        if not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == "ReAnchorConfig"):
+            return None
+        return ReAnchorConfig(**{kw.arg: ast.literal_eval(kw.value) for kw in call.keywords})
+    except (SyntaxError, ValueError, TypeError):
+        return None
+
+
 def curves_from_run(path: Path, label: str) -> list[dict]:
     """One curve per traced speculative method of the run at ``path`` (relative to the repo)."""
     run = json.loads((ROOT / path).read_text())
     base = ReAnchorConfig()
-    if run["meta"].get("config") != repr(base):
+    if _stored_config(run["meta"].get("config", "")) != base:
         raise ValueError(f"{path}: base config {run['meta'].get('config')!r} is not the library default; "
                          "the run budgets below would be wrong")
     by_method: dict[str, list[Record]] = {}
