@@ -29,3 +29,7 @@ $PY -m sglang_reanchor.bench --datasets gsm8k humaneval mt-bench aime25 --limit 
 $PY -m sglang_reanchor.bench --datasets gsm8k humaneval --limit 2 --max-new-tokens 48 --temperature 1.0 --threads 2 \
     --methods target dflash:max_depth=6 "reanchor:policy=offset,offsets=1/2/3,node_budget=8,max_depth=3" \
     --out $OUT/bench_t1
+
+# 4. Serving under load (the SGLang venv: bash scripts/install_sglang.sh): plain SGLang, REANCHOR's chain,
+#    REANCHOR with the cost-model defaults and with batch_node_budget 16, concurrency 1-16 -> $OUT/load.
+TRITON_INTERPRET=1 build/sglang-venv/bin/python scripts/load_bench.py --out $OUT/load
