@@ -114,10 +114,9 @@ class ReAnchorConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ReAnchorConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("batch_node_budget",):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"ReAnchorConfig.{name} must be None or an int >= 1, got {value!r}")
+        value = self.batch_node_budget
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"ReAnchorConfig.batch_node_budget must be None or an int >= 1, got {value!r}")
         if self.max_depth is not None and (
             isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1
         ):

@@ -51,12 +51,13 @@ def make_case(case: int, tmp_path):
     gen = torch.Generator().manual_seed(case)
     prompt = torch.randint(0, vocab, (1, rng.randint(1, 10)), generator=gen)
     max_new = rng.choice([1, 7, 33, 48])
-    # a third of the cases cap the depth and/or draft shortened blocks (own stream: the draws
-    # above stay as they were)
+    # a third of the cases cap the depth, draft shortened blocks and/or cap the batch's nodes
+    # (own stream: the draws above stay as they were)
     cut = random.Random(10_000 + case)
     if cut.random() < 1 / 3:
         config = config.replace(max_depth=cut.choice([1, 2, 3, block - 1, block + 2]),
-                                draft_slots=cut.choice([None, 2, 3, block // 2 + 1, block]))
+                                draft_slots=cut.choice([None, 2, 3, block // 2 + 1, block]),
+                                batch_node_budget=cut.choice([None, 1, 3, block]))
     return target, drafter, config, prompt, max_new
 
 
