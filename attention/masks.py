@@ -31,6 +31,7 @@ __all__ = [
     "batched_ancestor_mask",
     "check_parents",
     "full_mask",
+    "unpack_full_mask",
     "multi_anchor_mask",
     "padded_ancestor_mask",
     "sglang_full_mask",
@@ -336,6 +337,48 @@ def full_mask(tail: Tensor, prefix_lens: Tensor, rows: Tensor | None = None,
     values = torch.where((t >= 0)[:, None, :], picked, True)
     keep = (col[None, None, :] < width[:, None, None]) & (torch.arange(q, device=dev)[None, :, None] < r[:, None, None])
     return values[keep]  # row-major over (b, i, column): each request's block in turn
+
+
+def unpack_full_mask(flat: Tensor, prefix_lens: Tensor, q: int, max_prefix: int) -> Tensor:
+    """A batch's FULL_MASK (``q`` queries per request) as one padded ``[bs, q, max_prefix + q]`` tensor.
+
+    The inverse of `full_mask` for square tails: column ``j < P_b`` of row ``i`` is
+    request ``b``'s prefix column ``j``, columns ``P_b <= j < max_prefix`` are padding
+    (False), and column ``max_prefix + t`` is its new key ``t``. This is the layout one
+    batched attention call reads: the cached keys of every request gathered into
+    ``max_prefix`` columns, then the queries' own keys.
+
+    Parameters
+    ----------
+    flat : Tensor
+        ``[sum_b q * (P_b + q)]``, bool or 0/1 integers (SGLang keeps it as uint8 or bool).
+    prefix_lens : Tensor
+        ``[bs]`` int64, ``0 <= P_b <= max_prefix``.
+    q : int
+        Queries per request (``draft_token_num``).
+    max_prefix : int
+        ``max_b P_b`` or more, known on the host.
+
+    >>> flat = full_mask(torch.tensor([[[True, False], [True, True]]]), torch.tensor([1]))
+    >>> unpack_full_mask(flat, torch.tensor([1]), 2, max_prefix=2).int().tolist()
+    [[[1, 0, 1, 0], [1, 0, 1, 1]]]
+    """
+    bs, dev = prefix_lens.shape[0], flat.device
+    p = prefix_lens.to(device=dev, dtype=torch.int64)
+    if flat.numel() != int((q * (p + q)).sum()):
+        raise ValueError(f"flat has {flat.numel()} entries; a FULL_MASK of {q} queries per request after "
+                         f"prefixes {p.tolist()} has {int((q * (p + q)).sum())}")
+    if flat.numel() == 0:
+        return torch.zeros(bs, q, max_prefix + q, dtype=torch.bool, device=dev)
+    width = p + q  # [bs]
+    start = torch.cumsum(q * width, 0) - q * width  # [bs]: each request's block in ``flat``
+    col = torch.arange(max_prefix + q, device=dev)
+    # padded column -> the request's own column: prefix columns keep theirs, new keys follow P_b
+    own = torch.where(col[None, :] < max_prefix, col[None, :], p[:, None] + col[None, :] - max_prefix)  # [bs, W]
+    real = (col[None, :] >= max_prefix) | (col[None, :] < p[:, None])  # [bs, W]
+    index = start[:, None, None] + torch.arange(q, device=dev)[None, :, None] * width[:, None, None] + own[:, None, :]
+    picked = flat.reshape(-1)[index.clamp(0, flat.numel() - 1)].bool()  # [bs, q, W]
+    return picked & real[:, None, :]
 
 
 def sglang_qlen_only_mask(parents: Sequence[Tensor]) -> Tensor:

@@ -28,6 +28,7 @@ from attention.masks import (
     sglang_qlen_only_bitpacked,
     sglang_qlen_only_mask,
     tree_depths,
+    unpack_full_mask,
 )
 from attention.packing import pack_rows_to_words, segment_packbits, segment_unpackbits, unpack_words_to_rows
 from attention.plan import TreeBatch, plan_tree_batch
@@ -369,3 +370,22 @@ def test_segment_packbits_matches_flashinfer() -> None:
     packed, new_indptr = segment_packbits(bits, indptr)
     assert packed.tolist() == fi_packed.cpu().tolist()
     assert new_indptr.tolist() == fi_indptr.cpu().tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(prefixes=st.lists(st.integers(0, 9), min_size=1, max_size=5), q=st.integers(1, 6),
+       extra=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_unpack_full_mask_inverts_full_mask(prefixes, q, extra, seed):
+    """Each request's padded rows: its prefix columns, False padding up to ``max_prefix``, its own tail."""
+    gen = torch.Generator().manual_seed(seed)
+    tails = torch.rand(len(prefixes), q, q, generator=gen) < 0.5
+    p = torch.tensor(prefixes)
+    max_prefix = max(prefixes) + extra
+    flat = full_mask(tails, p)
+    padded = unpack_full_mask(flat.to(torch.uint8), p, q, max_prefix)
+    assert padded.shape == (len(prefixes), q, max_prefix + q) and padded.dtype == torch.bool
+    for b, s in enumerate(prefixes):
+        assert padded[b, :, :s].all() and not padded[b, :, s:max_prefix].any()
+        assert torch.equal(padded[b, :, max_prefix:], tails[b])
+    with pytest.raises(ValueError, match="FULL_MASK"):
+        unpack_full_mask(flat[:-1], p, q, max_prefix)

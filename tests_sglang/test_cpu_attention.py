@@ -1,19 +1,22 @@
 """The plugin's CPU attention backend (``--attention-backend reanchor_sdpa``).
 
 End to end it is the default of every REANCHOR server in these tests; here: its
-per-request kernel against a dense softmax written out, and its registration.
+batched verify attention (on SGLang's own KV pools) against a dense softmax
+written out per request, and its registration.
 The server tests compare it with SGLang's Triton kernels
 (`test_serving_cpu.py::test_reanchor_in_sglang_matches_the_reference_engine`).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_reanchor.srt.cpu_attention import NAME, masked_attention
+from sglang_reanchor.srt.cpu_attention import NAME
 
 
 def dense(query, keys, values, mask, scale):
@@ -29,20 +32,75 @@ def dense(query, keys, values, mask, scale):
     return out
 
 
-@settings(max_examples=60, deadline=None)
-@given(q=st.integers(1, 9), prefix=st.integers(0, 12), kv_heads=st.sampled_from([1, 2]),
-       group=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**16))
-def test_masked_attention_is_softmax_over_the_allowed_columns(q, prefix, kv_heads, group, seed):
+def verify_forward(prefixes, n, kv_heads, group, seed, dim=8):
+    """One TARGET_VERIFY attention call of `ReAnchorSdpaBackend` on SGLang's own pools.
+
+    Request ``b`` has ``prefixes[b]`` cached tokens at scattered pool slots and ``n``
+    queries with a random FULL_MASK. Returns ``(got [bs, n, H, D], want [bs, n, H, D] float64)``.
+    """
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from attention.masks import full_mask
+    from sglang_reanchor.srt.cpu_attention import ReAnchorSdpaBackend
+
     gen = torch.Generator().manual_seed(seed)
-    heads, dim = kv_heads * group, 8
-    query = torch.randn(q, heads, dim, generator=gen)
-    keys = torch.randn(prefix + q, kv_heads, dim, generator=gen)
-    values = torch.randn(prefix + q, kv_heads, dim, generator=gen)
-    mask = torch.rand(q, prefix + q, generator=gen) < 0.6
-    mask[0] = False  # a row that sees nothing (a padding node) gets zeros, not NaN
-    got = masked_attention(query, keys, values, mask, scale=dim ** -0.5)
-    torch.testing.assert_close(got.double(), dense(query, keys, values, mask, dim ** -0.5), atol=1e-5, rtol=1e-5)
+    bs, heads = len(prefixes), kv_heads * group
+    context, pool_size = max(prefixes) + n + 3, 4 * (sum(prefixes) + bs * n) + 8
+    req_pool = ReqToTokenPool(size=bs + 2, max_context_len=context, device="cpu", enable_memory_saver=False)
+    kv_pool = MHATokenToKVPool(size=pool_size, page_size=1, dtype=torch.float32, head_num=kv_heads, head_dim=dim,
+                               layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=req_pool, token_to_kv_pool=kv_pool, page_size=1)
+    backend = ReAnchorSdpaBackend(runner)
+    layer = RadixAttention(heads, dim, dim ** -0.5, kv_heads, layer_id=0)
+
+    slots = torch.randperm(pool_size - 1, generator=gen)[: sum(prefixes) + bs * n] + 1  # slot 0 is SGLang's pad
+    rows = torch.randperm(bs + 1, generator=gen)[:bs] + 1
+    k_cache, v_cache = kv_pool.get_key_buffer(0), kv_pool.get_value_buffer(0)
+    k_cache.copy_(torch.randn(k_cache.shape, generator=gen))
+    v_cache.copy_(torch.randn(v_cache.shape, generator=gen))
+    tails = torch.rand(bs, n, n, generator=gen) < 0.6
+    tails[:, 0] = False  # a query that sees none of its own block (with no prefix: no key at all, zeros)
+    prefix_lens = torch.tensor(prefixes)
+    flat = full_mask(tails, prefix_lens)
+    used, new_loc = 0, []
+    for b, s in enumerate(prefixes):
+        req_pool.req_to_token[rows[b], : s + n] = slots[used: used + s + n].int()
+        new_loc.append(slots[used + s: used + s + n])
+        used += s + n
+    query = torch.randn(bs * n, heads * dim, generator=gen)
+    key = torch.randn(bs * n, kv_heads * dim, generator=gen)
+    value = torch.randn(bs * n, kv_heads * dim, generator=gen)
+    batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=prefix_lens.clone(),
+                            req_pool_indices=rows, out_cache_loc=torch.cat(new_loc),
+                            spec_info=SimpleNamespace(custom_mask=flat.to(torch.uint8), draft_token_num=n))
+    # as RadixAttention hands them over: q flat, k and v per kv head
+    got = backend.forward_extend(query, key.view(-1, kv_heads, dim), value.view(-1, kv_heads, dim), layer, batch)
+    got = got.view(bs, n, heads, dim)
+    assert torch.equal(k_cache[batch.out_cache_loc], key.view(-1, kv_heads, dim))  # the new keys are cached
+
+    want = torch.zeros(bs, n, heads, dim, dtype=torch.float64)
+    offset = 0
+    for b, s in enumerate(prefixes):
+        cached = req_pool.req_to_token[rows[b], :s].long()
+        keys = torch.cat([k_cache[cached], key.view(bs, n, kv_heads, dim)[b]])
+        values = torch.cat([v_cache[cached], value.view(bs, n, kv_heads, dim)[b]])
+        mask = flat[offset: offset + n * (s + n)].view(n, s + n)
+        want[b] = dense(query.view(bs, n, heads, dim)[b], keys, values, mask, dim ** -0.5)
+        offset += n * (s + n)
+    return got, want
+
+
+@settings(max_examples=40, deadline=None)
+@given(prefixes=st.lists(st.integers(0, 12), min_size=1, max_size=5), n=st.integers(1, 9),
+       kv_heads=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**16))
+def test_batched_verify_is_each_requests_softmax_over_its_allowed_columns(prefixes, n, kv_heads, group, seed):
+    """Ragged prefixes in one padded SDPA call: padding columns never leak into a request,
+    a row that sees no key gets zeros, and the new keys land in the KV pool."""
+    got, want = verify_forward(prefixes, n, kv_heads, group, seed)
     assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
 def test_registered_as_an_attention_backend_choice():

@@ -23,9 +23,10 @@ threshold is SGLang's own):
 - the parity kit's reference server is launched with this fixture's CPU arguments
   (the kit's own are GPU ones: ``--mem-fraction-static 0.8``);
 - not mixed in: ``SpecAccuracyKit`` / ``SpecPerfKit`` (GSM8K accuracy and throughput of
-  a trained model; the random pair has none), ``SpecHiddenStatesKit`` and
-  ``SpecSamplingMaskKit`` (REANCHOR does not return hidden states or sampling masks:
-  see the closing notes of issue 14).
+  a trained model; the random pair has none).
+
+Beyond the kits: ``test_hidden_states_equal_a_plain_servers`` compares the returned
+hidden states with the parity kit's reference server's, row for row.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class ReAnchorKitServer(SpecEagleServerBase):
     attention_backend = "reanchor_sdpa"
     dtype = "float32"
     disable_overlap = True  # REANCHOR's worker is synchronous
+    enable_return_hidden_states = True  # for SpecHiddenStatesKit (per-request gated)
     # adaptation: a random drafter (see the module docstring)
     acc_length_thres = 0.999
     batch_accept_len_thres = 0.999
@@ -131,7 +133,8 @@ class ReAnchorKitServer(SpecEagleServerBase):
     @classmethod
     def _launch_args(cls):
         return ["--speculative-algorithm", cls.spec_algo, "--speculative-draft-model-path", cls.draft_model,
-                "--disable-overlap-schedule", *CPU_ARGS]
+                "--disable-overlap-schedule", *CPU_ARGS,
+                *(["--enable-return-hidden-states"] if cls.enable_return_hidden_states else [])]
 
     # -- the fixture's helpers, with CPU-sized answers (adaptation: request lengths) --
 
@@ -224,16 +227,38 @@ class ParityOnCpu(kits.SpecParityKit):
         root = Path(tempfile.mkdtemp(prefix="reanchor-parity-"))
         target, _ = build_pair(root)
         ref = popen_launch_server(str(target), DEFAULT_URL_FOR_TEST, timeout=DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
-                                  other_args=CPU_ARGS)
+                                  other_args=[*CPU_ARGS, "--enable-return-hidden-states"])
         try:
             cls.parity_ref_outputs = {p: kits._greedy(DEFAULT_URL_FOR_TEST, p) for p in cls.parity_prompts}
+            cls.ref_hidden = generate_with_hidden_states(DEFAULT_URL_FOR_TEST)
         finally:
             kill_process_tree(ref.pid, wait_timeout=60)
             shutil.rmtree(root, ignore_errors=True)
         super(kits.SpecParityKit, cls).setUpClass()
 
 
-KITS = (kits.SpecCorrectnessKit, kits.SpecLogprobKit, kits.SpecPenaltyKit, kits.SpecFeatureKit, kits.SpecGrammarKit)
+    def test_hidden_states_equal_a_plain_servers(self):
+        """Beyond the kit's shape checks: the rows are the plain server's own (prefill block and
+        one last hidden state per decoded token), whatever node of which tree produced them."""
+        got = generate_with_hidden_states(self.base_url)
+        for (ids, hidden), (ref_ids, ref_hidden) in zip(got, self.ref_hidden):
+            self.assertEqual(ids, ref_ids)
+            self.assertEqual(len(hidden), len(ref_hidden))
+            for row, ref_row in zip(hidden, ref_hidden):
+                torch.testing.assert_close(torch.tensor(row), torch.tensor(ref_row), atol=2e-4, rtol=2e-4)
+
+
+def generate_with_hidden_states(url: str) -> list[tuple[list[int], list]]:
+    """``(output_ids, hidden_states)`` of two greedy requests of different lengths, in one batch."""
+    prompts = ["Repeat: the quick brown fox the quick brown fox", "Count down from ten: ten nine eight"]
+    out = requests.post(url + "/generate", json={
+        "text": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+        "return_hidden_states": True}).json()
+    return [(o["output_ids"], o["meta_info"]["hidden_states"]) for o in out]
+
+
+KITS = (kits.SpecCorrectnessKit, kits.SpecLogprobKit, kits.SpecPenaltyKit, kits.SpecFeatureKit, kits.SpecGrammarKit,
+        kits.SpecHiddenStatesKit, kits.SpecSamplingMaskKit)
 
 
 class TestReAnchorDefaults(ParityOnCpu, ReAnchorKitServer, *KITS):

@@ -14,14 +14,16 @@ input's ``draft_token_num``); its mask is ``q x (s_b + q)`` booleans, row-major,
 the cached ``req_to_token[b, :s_b]`` rows followed by the queries' own.
 
 The plugin registers it for every server (`plugin.register`): a new choice, no
-other server changes. It serves REANCHOR's verify and draft forwards and plain
-decoding alike; with one request per loop iteration, as ``torch_native`` does.
+other server changes. It serves REANCHOR's verify and draft forwards (one padded SDPA
+call per layer for the whole batch) and plain prefill and decoding (``torch_native``'s
+own loop, one request per iteration).
 Paged (page size > 1), translated (SWA, DCP) and cross-attention pools are refused
 at construction or first use, with a message.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,25 +31,11 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from torch.nn.functional import scaled_dot_product_attention
 
-__all__ = ["NAME", "ReAnchorSdpaBackend", "create_backend", "masked_attention"]
+from attention.masks import unpack_full_mask
+
+__all__ = ["NAME", "ReAnchorSdpaBackend", "create_backend"]
 
 NAME = "reanchor_sdpa"
-
-
-def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                     scale: float | None) -> torch.Tensor:
-    """One request's attention: ``query`` ``[q, H, D]``, ``keys``/``values`` ``[k, Hkv, D]``, ``mask`` ``[q, k]``.
-
-    Returns ``[q, H, Dv]``. A row with no True column (a padding node) attends to
-    nothing useful; SDPA would return NaN there, so such rows get zeros.
-    """
-    if keys.dtype != query.dtype:
-        keys, values = keys.to(query.dtype), values.to(query.dtype)
-    out = scaled_dot_product_attention(
-        query.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        attn_mask=mask[None, None], scale=scale, enable_gqa=query.shape[1] != keys.shape[1],
-    )[0].transpose(0, 1)
-    return torch.where(mask.any(dim=1)[:, None, None], out, 0.0)
 
 
 class ReAnchorSdpaBackend(TorchNativeAttnBackend):
@@ -60,6 +48,7 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
             raise ValueError(f"--attention-backend {NAME} supports --page-size 1 only, got {page_size}")
         if self.use_sliding_window_kv_pool:
             raise ValueError(f"--attention-backend {NAME} does not support sliding-window KV pools")
+        self._plan: _VerifyPlan | None = None
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
                        save_kv_cache: bool = True) -> torch.Tensor:
@@ -74,33 +63,66 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
 
     def _verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
                 spec: Any) -> torch.Tensor:
-        """``q``: ``[bs * n, H * D]`` (``n`` queries per request); returns ``[bs * n, H * Dv]``."""
+        """``q``: ``[bs * n, H * D]`` (``n`` queries per request); returns ``[bs * n, H * Dv]``.
+
+        One SDPA call for the whole batch: every request's cached keys are gathered into
+        ``max_b s_b`` padded columns, its own ``n`` keys follow, and the padded mask
+        (`_VerifyPlan`) hides the padding.
+        """
         heads, kv_heads = layer.tp_q_head_num, layer.tp_k_head_num
-        query = q.view(-1, heads, layer.qk_head_dim)
-        key_new = k.view(-1, kv_heads, layer.qk_head_dim)
-        value_new = v.view(-1, kv_heads, layer.v_head_dim)
         n = int(spec.draft_token_num)
-        # the cached lengths (seq_lens_cpu may already count the queries); one SDPA call per request
-        seq_lens = forward_batch.seq_lens.tolist()
-        mask = spec.custom_mask
-        expected = sum(n * (s + n) for s in seq_lens)
-        if mask.numel() != expected:
-            raise ValueError(f"{NAME}: custom_mask has {mask.numel()} entries, the batch's FULL_MASK needs {expected}")
+        plan = self._plan_for(forward_batch, spec, n)
+        bs = plan.cached.shape[0]
+        query = q.view(bs, n, heads, layer.qk_head_dim)
+        key_new = k.view(bs, n, kv_heads, layer.qk_head_dim)
+        value_new = v.view(bs, n, kv_heads, layer.v_head_dim)
         k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        req_to_token = self.req_to_token_pool.req_to_token
-        out = query.new_empty(query.shape[0], heads, layer.v_head_dim)
-        offset = 0
-        for b, s in enumerate(seq_lens):
-            rows = slice(b * n, (b + 1) * n)
-            cached = req_to_token[forward_batch.req_pool_indices[b], :s].long()
-            keys = torch.cat([k_cache[cached].to(key_new.dtype), key_new[rows]])
-            values = torch.cat([v_cache[cached].to(value_new.dtype), value_new[rows]])
-            width = n * (s + n)
-            out[rows] = masked_attention(query[rows], keys, values, mask[offset: offset + width].view(n, s + n).bool(),
-                                         layer.scaling)
-            offset += width
-        return out.view(q.shape[0], heads * layer.v_head_dim)
+        keys = torch.cat([k_cache[plan.cached].to(query.dtype), key_new.to(query.dtype)], dim=1)  # [bs, S+n, Hkv, D]
+        values = torch.cat([v_cache[plan.cached].to(query.dtype), value_new.to(query.dtype)], dim=1)
+        out = scaled_dot_product_attention(
+            query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=plan.mask[:, None], scale=layer.scaling, enable_gqa=heads != kv_heads,
+        ).transpose(1, 2)  # [bs, n, H, Dv]
+        out = torch.where(plan.live[:, :, None, None], out, 0.0)  # SDPA gives NaN on rows with no key
+        return out.reshape(q.shape[0], heads * layer.v_head_dim)
+
+    def _plan_for(self, forward_batch: Any, spec: Any, n: int) -> "_VerifyPlan":
+        """The forward's `_VerifyPlan`, built at its first layer and reused by the others."""
+        mask = spec.custom_mask
+        key = (forward_batch, mask, forward_batch.seq_lens, forward_batch.req_pool_indices)
+        plan = self._plan
+        if plan is not None and all(a is b for a, b in zip(plan.key, key)):  # the same forward, the same tensors
+            return plan
+        # the cached lengths (seq_lens_cpu may already count the queries)
+        seq_lens = forward_batch.seq_lens.long()
+        max_prefix = int(seq_lens.max()) if seq_lens.numel() else 0
+        expected = int((n * (seq_lens + n)).sum())
+        if mask.numel() != expected:
+            raise ValueError(f"{NAME}: custom_mask has {mask.numel()} entries, the batch's FULL_MASK needs {expected}")
+        rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.long(), :max_prefix].long()
+        padding = torch.arange(max_prefix, device=rows.device)[None, :] >= seq_lens[:, None]
+        padded = unpack_full_mask(mask, seq_lens, n, max_prefix)  # [bs, n, S + n]
+        self._plan = _VerifyPlan(key=key,
+                                 cached=rows.masked_fill(padding, 0), mask=padded, live=padded.any(dim=2))
+        return self._plan
+
+
+@dataclass(frozen=True)
+class _VerifyPlan:
+    """What every layer of one verify forward shares.
+
+    ``cached`` ``[bs, S]``: KV-pool slots of each request's cached tokens, padded with
+    slot 0 past ``s_b`` (``S = max_b s_b``); ``mask`` ``[bs, n, S + n]`` bool (padding
+    False); ``live`` ``[bs, n]``: rows that see at least one key. ``key`` holds the
+    forward batch and its tensors (compared by identity), so a plan is reused only
+    within that forward; holding them, it also keeps their ids from being reused.
+    """
+
+    key: tuple
+    cached: torch.Tensor
+    mask: torch.Tensor
+    live: torch.Tensor
 
 
 def create_backend(runner: Any) -> ReAnchorSdpaBackend:

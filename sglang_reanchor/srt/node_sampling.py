@@ -30,7 +30,7 @@ from ..penalties import Penalties, history_counts, penalize_tree
 from ..sampling import filtered_probs, sample_rows, seeded_draw
 from ..tree import DraftTree
 
-__all__ = ["adjust_node_logits", "node_picks", "request_penalties"]
+__all__ = ["adjust_node_logits", "emitted_support", "node_picks", "request_penalties"]
 
 
 def _stop_ids(req: Any) -> set[int]:
@@ -114,3 +114,43 @@ def node_picks(logits: Tensor, positions: Tensor, sampling_info: Any, generator:
         picks = sample_rows(probs, generator)
     picks = picks.view(bs, width)
     return torch.where(greedy[:, None], logits.argmax(-1), picks)
+
+
+def emitted_support(logits: Tensor, tokens: Tensor, sampling_info: Any, rows: Tensor,
+                    max_support: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``return_sampling_mask``: the support each emitted token was drawn from, and its logprobs.
+
+    ``logits``: ``[M, T, V]``, the target's (adjusted) row behind each of the ``T``
+    emitted tokens ``tokens`` (``[M, T]``) of ``M`` requests, which are batch rows
+    ``rows`` (``[M]``) of ``sampling_info``. The support is that of `node_picks`:
+    the tokens `filtered_probs` gives mass to (temperature, top-k, top-p, min-p), or
+    the argmax alone for a greedy request (``top_k == 1``), whose logprob is 0.
+
+    Returns ``(support [M, T, K] int32, support_logprobs [M, T, K] float32,
+    lengths [M, T] int32)`` with ``K = max_support`` (the largest ``top_k`` asked
+    for): the ``lengths[m, t]`` most likely tokens, padding after them (-inf).
+    """
+    m, t, vocab = logits.shape
+    top_k = sampling_info.top_ks.view(-1)[rows].long()
+    greedy = top_k == 1
+    temperature = sampling_info.temperatures.view(-1)[rows].float()
+
+    def per_token(x: Tensor) -> Tensor:
+        return x.view(-1).repeat_interleave(t)
+
+    probs = filtered_probs(
+        logits.reshape(m * t, vocab),
+        per_token(torch.where(greedy, torch.ones_like(temperature), temperature)),
+        per_token(torch.where(top_k < 1, vocab, top_k).clamp(max=vocab)),
+        per_token(sampling_info.top_ps.view(-1)[rows].float()),
+        per_token(sampling_info.min_ps.view(-1)[rows].float()),
+    ).view(m, t, vocab)
+    k = max(1, min(int(max_support), vocab))
+    support_p, support = probs.topk(k, dim=-1)  # [M, T, K]
+    lengths = (support_p > 0).sum(-1)
+    logprobs = support_p.log()
+    one = torch.arange(k, device=logits.device) == 0
+    support = torch.where(greedy[:, None, None], torch.where(one, tokens[:, :, None], 0), support)
+    logprobs = torch.where(greedy[:, None, None], torch.where(one, 0.0, -torch.inf), logprobs)
+    lengths = torch.where(greedy[:, None], 1, lengths)
+    return support.to(torch.int32), logprobs.float(), lengths.to(torch.int32)

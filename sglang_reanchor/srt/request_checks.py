@@ -11,7 +11,14 @@ SGLang 0.5.23); this hook adds REANCHOR's rule there, so the scheduler finishes 
 request at once with ``finish_reason = {"type": "abort", "message": ...}`` and keeps
 serving the rest.
 
-The hook is installed in every SGLang process (plugins load everywhere) but only
+``return_sampling_mask`` is the other way round: SGLang refuses it for non-greedy
+DFlash-family requests unless its CUDA sampling-verify kernel is present
+(``validate_spec_sampling_mask_request``), because DFlash then verifies sampled
+rows by argmax. REANCHOR draws every node from the target's own filtered
+distribution in torch (`node_sampling.node_picks`) and returns that support
+(`node_sampling.emitted_support`), so the hook admits those requests.
+
+The hooks are installed in every SGLang process (plugins load everywhere) but only
 refuses anything in a process whose scheduler built a `ReAnchorWorker`
 (`mark_active`); DFLASH servers are untouched.
 """
@@ -23,6 +30,7 @@ from typing import Any
 __all__ = ["mark_active", "register_request_hooks", "unsupported_reason"]
 
 VALIDATE = "sglang.srt.managers.scheduler.validate_dflash_request"
+VALIDATE_SAMPLING_MASK = "sglang.srt.managers.scheduler.validate_spec_sampling_mask_request"
 
 _active = False
 
@@ -49,7 +57,14 @@ def _validate(original: Any, req: Any, *args: Any, **kwargs: Any) -> str | None:
     return original(req, *args, **kwargs)
 
 
+def _validate_sampling_mask(original: Any, req: Any, *args: Any, **kwargs: Any) -> str | None:
+    if _active:  # every support is the target's own: nothing to refuse (top_k is checked before)
+        return None
+    return original(req, *args, **kwargs)
+
+
 def register_request_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(VALIDATE, _validate, HookType.AROUND)
+    HookRegistry.register(VALIDATE_SAMPLING_MASK, _validate_sampling_mask, HookType.AROUND)

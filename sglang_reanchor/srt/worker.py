@@ -34,6 +34,7 @@ import os
 from typing import Any
 
 import torch
+from sglang.srt.layers.logits_processor import LogitsProcessor, SamplingMaskOutput, SamplingMaskStatus
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -43,6 +44,8 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
     enable_num_token_non_padded,
+    get_required_capture_hidden_mode,
+    get_server_return_hidden_states_mode,
 )
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
@@ -64,7 +67,7 @@ from .cpu_compat import install_reanchor_hooks
 from .context_end import install as install_context_end
 from .context_end import check_reserved, reserved_columns, round_room, set_row_width
 from .layout import cap_tree, commit_plan, draft_window, verify_inputs
-from .node_sampling import adjust_node_logits, node_picks
+from .node_sampling import adjust_node_logits, emitted_support, node_picks
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
 from .suffix_slots import SlotSuffixStore
@@ -116,6 +119,12 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._tree_rng = torch.Generator(device="cpu").manual_seed(self.reanchor.seed)
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         self._trace_path = os.environ.get(TRACE_ENV, "")
+        if get_server_return_hidden_states_mode().need_capture():
+            # return_hidden_states: the target's logits processor keeps its last hidden states beside
+            # the drafter's aux features (SGLang does so only for --enable-return-aux-hidden-states)
+            for module in self.target_worker.model_runner.model.modules():
+                if isinstance(module, LogitsProcessor):
+                    module.keep_last_hidden_states = True
         logger.info("REANCHOR worker: %s; widths %s", self.reanchor, self.widths)
 
     @property
@@ -139,7 +148,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             if batch.req_pool_indices is not None and len(batch.req_pool_indices):
                 self.suffixes.reset(batch.req_pool_indices)  # prefill: a (re)admitted request has none
-            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+            result = super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+            if batch.return_hidden_states and result.logits_output is not None:
+                result.logits_output.hidden_states = self._prefill_hidden_states(batch, result.logits_output)
+            return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         result = self._decode(batch, grammar_barrier)
@@ -210,6 +222,9 @@ class ReAnchorWorker(DFlashWorkerV2):
         commit = commit_plan(tree, acc, prefix, stride=self.widths.output_stride)
         if batch.return_logprob:
             self._output_logprobs(batch, logits_output, logits, commit)
+        info = batch.sampling_info
+        if info is not None and info.sampling_mask_batch_indices is not None:
+            logits_output.sampling_mask_output = self._sampling_mask_output(info, logits, commit)
 
         # --- commit: target KV of the accepted path to the front of the window
         window = verify_loc.reshape(-1)
@@ -237,7 +252,9 @@ class ReAnchorWorker(DFlashWorkerV2):
             slots, starts=commit.new_seq_lens, lengths=acc.suffix_lengths, tokens=acc.suffix_tokens,
             predictions=acc.suffix_predictions, features=hidden.gather(1, nodes[:, :, None].expand(-1, -1, dim)),
         )
-        logits_output.hidden_states = None
+        # the scheduler copies these to the host: only for requests that asked for them
+        logits_output.hidden_states = (self._emitted_hidden_states(logits_output, commit, bs, width)
+                                       if batch.return_hidden_states else None)
         if self._trace_path:
             self._trace(batch, tree, acc, lengths)
 
@@ -282,13 +299,65 @@ class ReAnchorWorker(DFlashWorkerV2):
         rows, laid out as a DFlash chain of ``stride`` rows per request, go to SGLang's
         own `compute_spec_logprobs` (temperature, top logprobs, token-id logprobs).
         """
-        bs, _, vocab = logits.shape
-        stride = commit.out_tokens.shape[1]
-        depth = min(stride, commit.path_nodes.shape[1])
-        rows = torch.zeros(bs, stride, dtype=torch.long, device=logits.device)  # past the path: unread
-        rows[:, :depth] = commit.path_nodes[:, :depth]
+        vocab = logits.shape[-1]
+        rows = _emitted_rows(commit)
         logits_output.next_token_logits = logits.gather(1, rows[:, :, None].expand(-1, -1, vocab)).reshape(-1, vocab)
-        compute_spec_logprobs(batch, logits_output, commit.out_tokens.reshape(-1), chain_stride=stride)
+        compute_spec_logprobs(batch, logits_output, commit.out_tokens.reshape(-1), chain_stride=rows.shape[1])
+
+    @staticmethod
+    def _sampling_mask_output(info: Any, logits: torch.Tensor, commit: Any) -> SamplingMaskOutput:
+        """``return_sampling_mask``: per emitted token of each request that asked, the support the
+        target drew it from (`emitted_support`), in the layout SGLang's result processor reads
+        (one row of ``stride`` tokens per request, ``num_accept_tokens`` of them real)."""
+        selected = info.sampling_mask_batch_indices.long()
+        rows = _emitted_rows(commit)[selected]  # [M, T]
+        tokens = commit.out_tokens[selected].long()
+        vocab = logits.shape[-1]
+        node_logits = logits[selected].gather(1, rows[:, :, None].expand(-1, -1, vocab))  # [M, T, V]
+        support, logprobs, lengths = emitted_support(node_logits, tokens, info, selected,
+                                                     max(info.sampling_mask_top_ks))
+        real = torch.arange(support.shape[-1], device=support.device) < lengths[:, :, None]
+        picked = (support == tokens[:, :, None]) & real
+        selected_logprobs = torch.where(picked, logprobs, -torch.inf).amax(-1)  # -inf: not in its support
+        capture = info.sampling_support_logprobs_capture_indices
+        return SamplingMaskOutput(
+            token_ids=support, lengths=lengths, selected_logprobs=selected_logprobs,
+            support_logprobs=None if capture is None else logprobs.index_select(0, capture.long()),
+            statuses=torch.where(torch.isfinite(selected_logprobs), int(SamplingMaskStatus.OK),
+                                 int(SamplingMaskStatus.INVALID)).to(torch.int8),
+            num_accept_tokens=commit.commit_lens[selected].clone(),
+        )
+
+    @staticmethod
+    def _emitted_hidden_states(logits_output: Any, commit: Any, bs: int, width: int) -> torch.Tensor | None:
+        """``return_hidden_states``: the target's last hidden state behind each emitted token.
+
+        As a plain server returns it (after the final norm, before the LM head): emitted
+        token ``j`` is the target's pick after path node ``j``, so its row is that node's.
+        ``[bs * stride, H]``, laid out in rows of ``stride`` per request (the scheduler reads
+        the first ``accept_len``). The target's logits processor keeps them beside the
+        drafter's aux features (``last_hidden_states``, switched on in ``__init__``).
+        """
+        last = logits_output.last_hidden_states
+        if last is None:
+            return None
+        rows = _emitted_rows(commit)
+        last = last.view(bs, width, -1)
+        return last.gather(1, rows[:, :, None].expand(-1, -1, last.shape[-1])).reshape(rows.numel(), -1)
+
+    @staticmethod
+    def _prefill_hidden_states(batch: Any, logits_output: Any) -> torch.Tensor | None:
+        """``return_hidden_states`` in a prefill: the prompt's last hidden states, as the scheduler
+        will read them (every extended position, or each request's last under ``"last"`` capture)."""
+        last = logits_output.last_hidden_states
+        if last is None:
+            return None
+        mode = get_required_capture_hidden_mode(
+            max(batch.return_hidden_states_mode, get_server_return_hidden_states_mode()), batch.spec_info)
+        if mode.is_last():
+            ends = torch.tensor(batch.extend_lens, dtype=torch.long, device=last.device).cumsum(0) - 1
+            return last[ends]
+        return last
 
     def _round_node_budget(self, bs: int) -> int:
         """Tree nodes each of ``bs`` requests may verify this round: ``node_budget``, or its share
@@ -431,3 +500,13 @@ class ReAnchorWorker(DFlashWorkerV2):
         picks = node_picks(logits, positions, sampling_info, self._sample_rng)
         picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, picks)
         return accept_tree(tree, picks, top1)
+
+
+def _emitted_rows(commit: Any) -> torch.Tensor:
+    """``[bs, stride]`` long: the tree node behind each emitted token (its path node), in the
+    scheduler's rows of ``stride`` per request; 0 past the path (rows the scheduler never reads)."""
+    bs, stride = commit.out_tokens.shape
+    depth = min(stride, commit.path_nodes.shape[1])
+    rows = torch.zeros(bs, stride, dtype=torch.long, device=commit.path_nodes.device)
+    rows[:, :depth] = commit.path_nodes[:, :depth]
+    return rows
