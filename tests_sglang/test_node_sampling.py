@@ -187,3 +187,36 @@ def test_a_seeded_request_is_reproducible_whatever_the_batch_and_the_tree(pair):
     chain = serve(root, "REANCHOR", rounds, '{"offsets": []}', None, engine_args=engine)  # DFlash's chain
     assert tree["alone"]["output_ids"] == tree["batched"]["output_ids"] == chain["alone"]["output_ids"]
     assert tree["seed8"]["output_ids"] != tree["alone"]["output_ids"]
+
+
+def test_emitted_support_is_the_distribution_each_token_was_drawn_from():
+    """`emitted_support` (return_sampling_mask): for rows that `node_picks` draws, every token it
+    can pick is in the support, the support's probabilities sum to one, and a greedy request's
+    support is its token alone (logprob 0)."""
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    from sglang_reanchor.srt.node_sampling import emitted_support, node_picks
+
+    bs, width, vocab, top_k = 3, 4, 50, 10
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(bs, width, vocab, generator=gen) * 3
+    info = SamplingBatchInfo(
+        temperatures=torch.tensor([[1.0], [0.7], [1.0]]), top_ps=torch.tensor([0.9, 1.0, 1.0]),
+        top_ks=torch.tensor([top_k, top_k, 1], dtype=torch.int32), min_ps=torch.tensor([0.0, 0.05, 0.0]),
+        is_all_greedy=False, is_any_greedy=True, need_top_p_sampling=True, need_top_k_sampling=True,
+        need_min_p_sampling=True, vocab_size=vocab,
+    )
+    rows = torch.tensor([0, 1, 2])
+    draws = torch.stack([node_picks(logits, torch.zeros(bs, width, dtype=torch.long), info,
+                                    torch.Generator().manual_seed(s)) for s in range(200)])  # [200, bs, N]
+    support, logprobs, lengths = emitted_support(logits, draws[0], info, rows, max_support=top_k)
+    assert support.shape == (bs, width, top_k) and lengths.dtype == torch.int32
+    for b in range(2):  # sampled rows
+        for i in range(width):
+            keep = support[b, i, : lengths[b, i]].tolist()
+            assert set(draws[:, b, i].tolist()) <= set(keep)
+            assert abs(logprobs[b, i, : lengths[b, i]].exp().sum().item() - 1) < 1e-5
+            assert torch.isinf(logprobs[b, i, lengths[b, i]:]).all()
+    assert lengths[0].max() < top_k  # top_p 0.9 cut into the top 10 ...
+    assert (lengths[2] == 1).all() and torch.equal(support[2, :, 0].long(), logits[2].argmax(-1))  # greedy
+    assert (logprobs[2, :, 0] == 0).all()
