@@ -16,7 +16,9 @@ each alone on the machine.
 
 Methods (``--methods``): ``plain`` (no speculation), ``chain`` (REANCHOR with
 ``{"offsets": []}``: DFlash's chain), ``reanchor`` (the config in ``--reanchor-config``)
-and ``reanchor-batch`` (the same plus ``batch_node_budget``).
+``reanchor-batch`` (the same plus ``batch_node_budget``) and ``reanchor-cost`` (the same
+with ``$SGLANG_REANCHOR_COST_PROFILE`` = ``--cost-profile``: each round's per-request
+budget chosen for the batch from the measured cost curve, `sglang_reanchor.budget.BatchBudget`).
 """
 
 from __future__ import annotations
@@ -87,13 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", type=Path, default=None, help="HF target folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", type=Path, default=None, help="z-lab drafter folder (default: the shipped one)")
-    ap.add_argument("--methods", nargs="+", default=["plain", "chain", "reanchor", "reanchor-batch"],
-                    choices=["plain", "chain", "reanchor", "reanchor-batch"])
+    ap.add_argument("--methods", nargs="+", default=["plain", "chain", "reanchor", "reanchor-batch", "reanchor-cost"],
+                    choices=["plain", "chain", "reanchor", "reanchor-batch", "reanchor-cost"])
     ap.add_argument("--reanchor-config", default='{"policy": "offset", "offsets": [1, 2, 3], '
                     '"node_budget": 8, "max_depth": 3}', help="SGLANG_REANCHOR_CONFIG of 'reanchor'")
     ap.add_argument("--chain-config", default='{"offsets": [], "max_depth": 6}',
                     help="SGLANG_REANCHOR_CONFIG of 'chain'")
     ap.add_argument("--batch-node-budget", type=int, default=16, help="added to --reanchor-config for 'reanchor-batch'")
+    ap.add_argument("--cost-profile", type=Path, default=Path("results/v6/cost/cost_profile.json"),
+                    help="`bench cost` profile of 'reanchor-cost' (measured on this machine, same dtype)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level (at least c)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -107,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     drafter = args.drafter or shipped_drafter_path()
     configs = {"plain": None, "chain": args.chain_config, "reanchor": args.reanchor_config,
                "reanchor-batch": json.dumps({**json.loads(args.reanchor_config),
-                                             "batch_node_budget": args.batch_node_budget})}
+                                             "batch_node_budget": args.batch_node_budget}),
+               "reanchor-cost": args.reanchor_config}
+    envs = {"reanchor-cost": {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}}
     server_args = ["--dtype", args.dtype, "--max-total-tokens", "16384", "--max-running-requests", "16",
                    "--mem-fraction-static", "0.5"]
     report: dict = {"meta": {"target": str(target), "drafter": str(drafter), "max_new_tokens": args.max_new_tokens,
                              "requests": args.requests, "dtype": args.dtype, "command": " ".join(sys.argv),
-                             "configs": configs}, "runs": {}}
+                             "configs": configs, "cost_profile": str(args.cost_profile)}, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "target").symlink_to(Path(target).resolve())
@@ -120,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             algorithm = None if method == "plain" else "REANCHOR"
             print(f"== {method}: starting the server", flush=True)
-            with launch(root, algorithm, configs[method], extra_args=server_args, timeout=1200) as url:
+            with launch(root, algorithm, configs[method], extra_args=server_args, timeout=1200,
+                        extra_env=envs.get(method)) as url:
                 run_level(url, 1, 2, 8)  # warm-up
                 levels = []
                 for c in args.concurrency:

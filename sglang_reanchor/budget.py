@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-__all__ = ["BudgetPolicy", "BudgetState", "interpolate"]
+__all__ = ["BatchBudget", "BudgetPolicy", "BudgetState", "interpolate"]
 
 
 def interpolate(table: Mapping[int, float], x: float) -> float:
@@ -125,3 +125,84 @@ class BudgetState:
     def _update(self, table: dict[int, float], key: int, value: float) -> None:
         old = table.get(key)
         table[key] = value if old is None else self.policy.decay * old + (1 - self.policy.decay) * value
+
+
+@dataclass
+class BatchBudget:
+    """A server's node budget per request, chosen each round for the batch it verifies.
+
+    One verify forward scores every node of every request, so a batch of ``bs``
+    requests with budget ``b`` each costs ``verify(bs * b)`` plus the drafter forward
+    over ``bs * blocks_per_request`` blocks, and yields ``bs * tau(b)`` tokens. Each
+    round takes ``argmax_b bs * tau(b) / (verify(bs * b) + draft(bs * blocks) + fixed)``:
+    with one request the full tree, as the batch grows fewer nodes each, down to
+    ``b = 1`` (the root alone: no drafter forward, plain decoding's cost). ``tau(b)``
+    is pooled over the requests (a moving average of the batch mean), learnt as in
+    `BudgetState`: a round verified with ``B`` tells every ``b <= B``; exploration
+    rounds verify the largest candidate whose batch stays inside the measured verify
+    curve. The budget never changes which token is accepted.
+
+    Parameters
+    ----------
+    verify_seconds:
+        Verify tokens (all requests together) -> seconds of one target forward.
+    draft_seconds:
+        Drafter blocks -> seconds of one drafter forward.
+    blocks_per_request:
+        ``1 + |D|``: blocks drafted per request.
+    fixed_seconds:
+        Per round, besides the two forwards.
+    candidates:
+        Per-request budgets to choose from (1 is always added).
+    """
+
+    verify_seconds: Mapping[int, float]
+    draft_seconds: Mapping[int, float]
+    blocks_per_request: int
+    fixed_seconds: float = 0.0
+    candidates: tuple[int, ...] = (2, 4, 8, 16)
+    explore_every: int = 8
+    decay: float = 0.9
+    tau: dict[int, float] = field(default_factory=dict)
+    rounds: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("verify_seconds", "draft_seconds"):
+            table = getattr(self, name)
+            if not table or any(float(s) <= 0 for s in table.values()):
+                raise ValueError(f"BatchBudget.{name} must map sizes to seconds > 0, got {dict(table)!r}")
+        cands = tuple(sorted(set(self.candidates) | {1}))
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in cands):
+            raise ValueError(f"BatchBudget.candidates must be ints >= 1, got {self.candidates!r}")
+        self.candidates = cands
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"BatchBudget.decay must be in [0, 1), got {self.decay!r}")
+        self.tau.setdefault(1, 1.0)  # the root alone: always the bonus token
+
+    def round_seconds(self, bs: int, budget: int) -> float:
+        """Predicted seconds of a round of ``bs`` requests verifying ``budget`` nodes each."""
+        draft = 0.0 if budget == 1 else interpolate(self.draft_seconds, bs * self.blocks_per_request)
+        return interpolate(self.verify_seconds, bs * budget) + draft + self.fixed_seconds
+
+    def choose(self, bs: int) -> int:
+        """The per-request budget for the coming round of ``bs`` requests."""
+        if self.rounds % self.explore_every == 0 or len(self.tau) < len(self.candidates):
+            measured = max(self.verify_seconds)
+            inside = [b for b in self.candidates if bs * b <= measured]
+            return inside[-1] if inside else 1
+        known = [b for b in self.candidates if b in self.tau]
+        return max(known, key=lambda b: bs * self.tau[b] / self.round_seconds(bs, b))  # ties: the smaller
+
+    def observe(self, accepted_nodes: Tensor, budget: int) -> None:
+        """Record a round: ``accepted_nodes`` ``[bs, T]`` (node ids of each accepted path,
+        root included, -1 padded), verified with ``budget`` nodes per request."""
+        self.rounds += 1
+        on_path = accepted_nodes >= 0
+        for b in self.candidates:
+            if b > budget:
+                break
+            if b == 1:
+                continue
+            value = float((on_path & (accepted_nodes < b)).sum(1).float().mean())
+            old = self.tau.get(b)
+            self.tau[b] = value if old is None else self.decay * old + (1 - self.decay) * value

@@ -33,14 +33,15 @@ def free_port() -> int:
 
 @contextmanager
 def launch(root: Path, algorithm: str | None, config: str | None = None, trace: Path | None = None,
-           extra_args: list[str] | None = None, timeout: float = 600) -> Iterator[str]:
+           extra_args: list[str] | None = None, timeout: float = 600,
+           extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """Yield the base URL of a server on ``root/target`` (REANCHOR with ``root/drafter`` if ``algorithm``)."""
     port = free_port()
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(root / "target"),
             "--host", "127.0.0.1", "--port", str(port), *CPU_ARGS, *(extra_args or [])]
     if algorithm:
         args += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(root / "drafter")]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", **(extra_env or {})}
     env.pop("SGLANG_REANCHOR_CONFIG", None)
     if config:
         env["SGLANG_REANCHOR_CONFIG"] = config

@@ -1,8 +1,9 @@
 """SGLang's frontend primitives and OpenAI-compatible API through a REANCHOR HTTP server, against a plain one.
 
-Both servers (``python -m sglang.launch_server`` on CPU) serve the tiny pair of
-`test_serving_cpu` with a character tokenizer (`factories.char_tokenizer`), so
-text, chat messages and grammars work. At T=0 every program's state, every
+Both servers (``python -m sglang.launch_server`` on CPU, float32) serve, in turn, the
+tiny pair of `test_serving_cpu` with a character tokenizer (`factories.char_tokenizer`,
+so text, chat messages and grammars work) and the shipped pair (SmolLM2-135M-Instruct
+and its drafter, its own tokenizer and chat template). At T=0 every program's state, every
 streamed text and every chat completion (with logprobs, with a JSON-schema
 ``response_format``) must equal the plain server's; the REANCHOR server's trace must
 show accepted paths through shifted rows, so the tree path really ran.
@@ -77,14 +78,37 @@ PROGRAMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def servers(pair, tmp_path_factory):
-    root, target, _ = pair
-    char_tokenizer(target.config.vocab_size).save_pretrained(root / "target")
-    trace = tmp_path_factory.mktemp("frontend") / "trace.jsonl"
+def smollm2_root(tmp: Path) -> Path:
+    """SmolLM2-135M-Instruct and the drafter shipped for it, as ``tmp/target`` and ``tmp/drafter``."""
+    from sglang_reanchor.hub import default_target_path, shipped_drafter_path
+
+    drafter = shipped_drafter_path()
+    if drafter is None:
+        pytest.skip("this build ships no SmolLM2 drafter")
+    (tmp / "target").symlink_to(Path(default_target_path()).resolve())
+    (tmp / "drafter").symlink_to(drafter.resolve())
+    return tmp
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+def servers(request, tmp_path_factory):
+    """``(plain URL, REANCHOR URL, trace path, pair name)``.
+
+    ``tiny``: the random pair with a character tokenizer, served with the offset policy
+    (its rounds accept through shifted rows); ``smollm2``: the shipped pair, with its real
+    tokenizer and chat template, served with the plugin's defaults, as a user gets it.
+    """
+    tmp = tmp_path_factory.mktemp(f"frontend-{request.param}")
+    if request.param == "tiny":
+        root, target, _ = request.getfixturevalue("pair")
+        char_tokenizer(target.config.vocab_size).save_pretrained(root / "target")
+        config = OFFSET
+    else:
+        root, config = smollm2_root(tmp), None
+    trace = tmp / "trace.jsonl"
     with launch(root, None, extra_args=["--disable-overlap-schedule"]) as plain, \
-            launch(root, "REANCHOR", OFFSET, trace) as spec:
-        yield plain, spec, trace
+            launch(root, "REANCHOR", config, trace) as spec:
+        yield plain, spec, trace, request.param
 
 
 def _run(url: str, program, args: list[dict]) -> list:
@@ -95,7 +119,7 @@ def _run(url: str, program, args: list[dict]) -> list:
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_frontend_programs_equal_plain_sglang(servers, name):
-    plain, spec, _ = servers
+    plain, spec, _, _ = servers
     program, args, fields = PROGRAMS[name]
     want, got = _run(plain, program, args), _run(spec, program, args)
     for w, g in zip(want, got):
@@ -121,7 +145,7 @@ def _stream(url: str, payload: dict) -> tuple[str, int]:
 
 
 def test_streaming_equals_plain_sglang(servers):
-    plain, spec, _ = servers
+    plain, spec, _, _ = servers
     payload = {"text": "abc abc abc", "sampling_params": {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}}
     want, _ = _stream(plain, payload)
     got, chunks = _stream(spec, payload)
@@ -156,7 +180,7 @@ def _same_logprobs(a: list, b: list, tol: float = 1e-4) -> bool:
 
 
 def test_chat_completions_equal_plain_sglang(servers):
-    plain, spec, _ = servers
+    plain, spec, _, _ = servers
     messages = [{"role": "user", "content": "hello there, what is it?"}]
     body = {"messages": messages, "max_tokens": 24, "logprobs": True, "top_logprobs": 2}
     want, got = _chat(plain, body), _chat(spec, body)
@@ -179,7 +203,9 @@ def test_chat_completions_equal_plain_sglang(servers):
 
 
 def test_the_tree_path_ran(servers):
-    """Runs last (file order): the REANCHOR server accepted paths through shifted rows above."""
-    _, _, trace = servers
+    """Runs last for each pair (file order): the REANCHOR server accepted drafts above, and
+    paths through shifted rows."""
+    _, _, trace, _ = servers
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert max(row["tau"] for row in rows) > 1
     assert sum(row["shifted_accepts"] for row in rows) > 0

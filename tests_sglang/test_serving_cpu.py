@@ -141,6 +141,30 @@ def test_batch_node_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
     assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree
 
 
+def test_cost_profile_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
+    """``$SGLANG_REANCHOR_COST_PROFILE``: the batch-aware budget (`BatchBudget`) from a cost
+    profile whose verify curve is flat to 8 tokens and steep past it. A request alone keeps its
+    tree (8 nodes cost 10 % more than one); three together verify at most 2 nodes each (3 x 4
+    = 12 tokens cost 7x one), except in exploration rounds (the first, then every 8th); tokens
+    stay the reference engine's greedy ones whatever the budget."""
+    from sglang_reanchor.bench.cost import CostProfile
+
+    root, target, drafter = pair
+    profile = tmp_path / "cost_profile.json"
+    CostProfile(prefix=16, verify_s={1: 0.01, 8: 0.011, 9: 0.05, 64: 0.4}, draft_s={1: 1e-4, 64: 64e-4},
+                target_token_s=0.01, dtype="float32").save(profile)
+    trace = tmp_path / "trace.jsonl"
+    config = '{"policy": "offset", "node_budget": 8}'
+    got = serve(root, "REANCHOR", ROUNDS[:2], config, trace, extra_env={"SGLANG_REANCHOR_COST_PROFILE": str(profile)})
+    reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
+    for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:
+        assert got[rid]["output_ids"] == reference.generate(prompt, n, method="reanchor").tokens, rid
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    together = [r for r in rows if r["batch"] == 3]
+    assert together and sum(r["nodes"] <= 2 for r in together) >= 0.7 * len(together)
+    assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree
+
+
 def test_reanchor_tokens_equal_plain_sglang(pair):
     root, _, _ = pair
     rounds = ROUNDS[:1]

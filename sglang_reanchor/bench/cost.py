@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..budget import BudgetPolicy, interpolate
+from ..budget import BatchBudget, BudgetPolicy, interpolate
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, draft_blocks
 from ..engine import TargetModel
@@ -83,6 +83,15 @@ class CostProfile:
         `BudgetPolicy` (``candidates``, ``explore_every``, ``decay``)."""
         return BudgetPolicy(verify_seconds=dict(self.verify_s),
                             fixed_seconds=self.draft(1 + len(offsets)) + self.overhead_s, **kwargs)  # type: ignore[arg-type]
+
+    def batch_budget(self, offsets: Sequence[int], max_depth: int | None = None, **kwargs: object) -> BatchBudget:
+        """The server's batch-aware budget (`sglang_reanchor.budget.BatchBudget`) for ReAnchor
+        with ``offsets``: measured verify curve, drafter forward per block count (at the
+        depth cap, where measured). ``kwargs`` go to `BatchBudget` (``candidates``, ...)."""
+        draft = self.draft_capped_s.get(max_depth) if max_depth is not None else None
+        return BatchBudget(verify_seconds=dict(self.verify_s), draft_seconds=dict(draft or self.draft_s),
+                           blocks_per_request=1 + len(offsets), fixed_seconds=self.overhead_s,
+                           **kwargs)  # type: ignore[arg-type]
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")

@@ -61,6 +61,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
+from ..budget import BatchBudget
 from ..tree import DraftTree, build_draft_tree
 from ..verify import Acceptance, accept_tree
 from .cpu_compat import install_reanchor_hooks
@@ -77,6 +78,7 @@ __all__ = ["ReAnchorWorker"]
 logger = logging.getLogger(__name__)
 
 TRACE_ENV = "SGLANG_REANCHOR_TRACE"  # a file path: one JSON line per request per round
+COST_PROFILE_ENV = "SGLANG_REANCHOR_COST_PROFILE"  # a `bench cost` profile: batch-aware node budget
 
 
 class DraftWindowInput(DFlashVerifyInput):
@@ -119,6 +121,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._tree_rng = torch.Generator(device="cpu").manual_seed(self.reanchor.seed)
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         self._trace_path = os.environ.get(TRACE_ENV, "")
+        self._batch_budget = self._load_batch_budget()
         if get_server_return_hidden_states_mode().need_capture():
             # return_hidden_states: the target's logits processor keeps its last hidden states beside
             # the drafter's aux features (SGLang does so only for --enable-return-aux-hidden-states)
@@ -170,8 +173,8 @@ class ReAnchorWorker(DFlashWorkerV2):
         self.suffixes.retain_only(slots)  # finished, aborted, retracted requests left the batch
         lengths, sfx_tokens, sfx_preds, sfx_feats = self.suffixes.gather(slots, prefix)
         # near the row's end the window and the tree shrink to the columns left (context_end)
-        room = round_room(seq_lens_cpu, int(req_to_token.shape[1]),
-                          self.widths.draft_columns, self._round_node_budget(bs))
+        budget = self._round_node_budget(bs)
+        room = round_room(seq_lens_cpu, int(req_to_token.shape[1]), self.widths.draft_columns, budget)
         # a short reservation fails here, before any write, not as a write into someone else's slots
         check_reserved(reserved_columns(batch.reqs, seq_lens_cpu), room.writes, batch.reqs)
 
@@ -219,6 +222,8 @@ class ReAnchorWorker(DFlashWorkerV2):
         if grammar_tree is not None:  # ... and masked with the grammar state of that path
             logits = self._mask_by_grammar(batch, grammar_tree, logits, grammar_barrier)
         acc = self._accept(tree, logits, vin.positions.view(bs, width), batch.sampling_info)
+        if self._batch_budget is not None:  # synced picks: every rank learns the same tau(b)
+            self._batch_budget.observe(acc.accepted_nodes, budget)
         commit = commit_plan(tree, acc, prefix, stride=self.widths.output_stride)
         if batch.return_logprob:
             self._output_logprobs(batch, logits_output, logits, commit)
@@ -360,12 +365,37 @@ class ReAnchorWorker(DFlashWorkerV2):
         return last
 
     def _round_node_budget(self, bs: int) -> int:
-        """Tree nodes each of ``bs`` requests may verify this round: ``node_budget``, or its share
-        of ``batch_node_budget`` (at least the root), so big batches verify short chains."""
+        """Tree nodes each of ``bs`` requests may verify this round: ``node_budget``, or what the
+        cost profile's `BatchBudget` chooses for ``bs``, or the share of ``batch_node_budget``
+        (at least the root): big batches verify short chains."""
         nodes = self.widths.verify_nodes
+        if self._batch_budget is not None:
+            return min(nodes, self._batch_budget.choose(bs))
         if self.reanchor.batch_node_budget is not None:
             nodes = min(nodes, max(1, self.reanchor.batch_node_budget // bs))
         return nodes
+
+    def _load_batch_budget(self) -> BatchBudget | None:
+        """``$SGLANG_REANCHOR_COST_PROFILE`` (a ``bench cost`` profile): the batch-aware budget."""
+        path = os.environ.get(COST_PROFILE_ENV, "")
+        if not path:
+            return None
+        if self.reanchor.batch_node_budget is not None:
+            raise ValueError(f"${COST_PROFILE_ENV} and batch_node_budget both cap the batch's nodes; set one")
+        from ..bench.cost import CostProfile  # the benchmark suite: imported only when asked for
+
+        try:
+            profile = CostProfile.load(path)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"${COST_PROFILE_ENV}={path!r} is not a cost profile written by "
+                             f"`python -m sglang_reanchor.bench cost`: {e}") from e
+        served = str(self.model_runner.model_config.dtype).removeprefix("torch.")
+        if profile.dtype and profile.dtype != served:
+            logger.warning("REANCHOR: cost profile %s was measured in %s, the server runs %s", path,
+                           profile.dtype, served)
+        top = self.widths.verify_nodes
+        return profile.batch_budget(self.reanchor.offsets, self.reanchor.max_depth,
+                                    candidates=tuple(b for b in (2, 4, 8, 16, 32) if b < top) + (top,))
 
     def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, lengths: torch.Tensor,
                sfx_preds: torch.Tensor, sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,68 @@
+"""`BatchBudget`: the server's per-request node budget as the batch grows (pure python/torch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_reanchor.budget import BatchBudget
+
+# a CPU-like verify curve: nearly flat up to 8 tokens, then linear (seconds)
+VERIFY = {1: 0.050, 8: 0.060, 16: 0.085, 32: 0.105, 64: 0.15, 128: 0.26, 256: 0.50}
+DRAFT = {1: 0.012, 4: 0.030, 16: 0.090, 64: 0.33}
+
+
+def learnt(tau: dict[int, float], **kwargs) -> BatchBudget:
+    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=4, **kwargs)
+    budget.tau.update(tau)
+    budget.rounds = 1  # past the first (exploration) round
+    return budget
+
+
+def test_full_tree_alone_and_the_root_alone_in_a_big_batch():
+    budget = learnt({2: 1.5, 4: 1.8, 8: 2.0, 16: 2.1}, candidates=(2, 4, 8, 16))
+    assert budget.choose(1) == 8  # 2.0 / 0.090 beats 2.1 / 0.115 and 1.8 / 0.082
+    chosen = [budget.choose(bs) for bs in (1, 2, 4, 8, 16, 32)]
+    assert chosen == sorted(chosen, reverse=True)  # shrinks as the batch grows ...
+    assert chosen[-1] == 1  # ... down to plain decoding's cost: no drafter forward
+    assert budget.round_seconds(32, 1) == pytest.approx(0.105)
+
+
+def test_a_drafter_that_is_never_right_gets_the_root_alone():
+    budget = learnt({2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}, candidates=(2, 4, 8, 16))
+    assert all(budget.choose(bs) == 1 for bs in (1, 4, 16))
+
+
+def test_observe_learns_tau_of_every_smaller_budget_from_one_round():
+    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=2, candidates=(2, 4, 8), decay=0.0)
+    assert budget.choose(1) == 8  # first round: exploration, the largest candidate inside the curve
+    paths = torch.tensor([[0, 1, 5, -1], [0, 3, -1, -1]])  # node ids on the accepted paths, -1 padded
+    budget.observe(paths, budget=8)
+    assert budget.tau == {1: 1.0, 2: 1.5, 4: 2.0, 8: 2.5}
+    budget.observe(torch.tensor([[0, 1, -1, -1]]), budget=2)  # a budget-2 round teaches nothing about 4 or 8
+    assert budget.tau == {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.5}
+
+
+def test_exploration_stays_inside_the_measured_curve():
+    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=4, candidates=(2, 4, 8, 16))
+    assert budget.choose(1) == 16 and budget.choose(16) == 16 and budget.choose(32) == 8
+    assert budget.choose(512) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(taus=st.lists(st.floats(1.0, 4.0), min_size=4, max_size=4), bs=st.integers(1, 48))
+def test_the_choice_is_the_best_predicted_throughput(taus, bs):
+    taus = sorted(taus)  # tau(b) grows with b
+    budget = learnt(dict(zip((2, 4, 8, 16), taus)), candidates=(2, 4, 8, 16))
+    best = budget.choose(bs)
+    rate = {b: bs * budget.tau[b] / budget.round_seconds(bs, b) for b in budget.candidates}
+    assert rate[best] == max(rate.values())
+
+
+def test_bad_tables_are_refused():
+    with pytest.raises(ValueError, match="verify_seconds"):
+        BatchBudget({}, DRAFT, blocks_per_request=1)
+    with pytest.raises(ValueError, match="candidates"):
+        BatchBudget(VERIFY, DRAFT, blocks_per_request=1, candidates=(0, 4))
