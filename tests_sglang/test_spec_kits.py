@@ -19,7 +19,8 @@ threshold is SGLang's own):
 - the radix stress: 400 requests -> 40, chunks 256 -> 48 (CPU time);
 - the grammar kit's JSON schema: bounded string fields, ``^[a-z]{1,6}$`` (a random model
   never closes the kit's unbounded ones within 256 tokens); ``test_constrained_decoding`` (``json_object``
-  with no ``max_tokens``) is skipped for the same reason: the answer runs to the context end;
+  with no ``max_tokens``) runs on the shipped SmolLM2 pair instead (`TestReAnchorSmolLM2JsonObject`):
+  on the random pair the answer runs to the context end;
 - the parity kit's reference server is launched with this fixture's CPU arguments
   (the kit's own are GPU ones: ``--mem-fraction-static 0.8``);
 - not mixed in: ``SpecAccuracyKit`` / ``SpecPerfKit`` (GSM8K accuracy and throughput of
@@ -112,7 +113,7 @@ class ReAnchorKitServer(SpecEagleServerBase):
     @classmethod
     def setUpClass(cls):
         cls._root = Path(tempfile.mkdtemp(prefix="reanchor-kits-"))
-        target, drafter = build_pair(cls._root)
+        target, drafter = cls.build_pair(cls._root)
         cls.model, cls.draft_model = str(target), str(drafter)
         saved = os.environ.get("SGLANG_REANCHOR_CONFIG")
         os.environ.pop("SGLANG_REANCHOR_CONFIG", None)
@@ -124,6 +125,10 @@ class ReAnchorKitServer(SpecEagleServerBase):
             os.environ.pop("SGLANG_REANCHOR_CONFIG", None)
             if saved is not None:
                 os.environ["SGLANG_REANCHOR_CONFIG"] = saved
+
+    @staticmethod
+    def build_pair(root: Path) -> tuple[Path, Path]:
+        return build_pair(root)
 
     @classmethod
     def tearDownClass(cls):
@@ -153,7 +158,10 @@ class ReAnchorKitServer(SpecEagleServerBase):
             except requests.RequestException:
                 pass  # the client gave up: the server aborts the request
 
-    # -- kit tests whose sizes only a GPU affords, resized (adaptation: request lengths) --
+
+class CpuSizedKitTests:
+    """Kit tests whose sizes only a GPU affords, resized (adaptation: request lengths); mixed in
+    before the kits, so these override theirs."""
 
     def test_acc_length(self):
         prompt = ["Human: Give me a fully functional FastAPI server. Show the python code.\n\nAssistant:"] * 5
@@ -194,8 +202,7 @@ class ReAnchorKitServer(SpecEagleServerBase):
 
     def test_constrained_decoding(self):
         pytest.skip("a random model under SGLang's json_object grammar writes whitespace until the context "
-                    "ends (no max_tokens in the kit): hours on CPU; test_frontend.py checks response_format "
-                    "json_schema against a plain server")
+                    "ends (no max_tokens in the kit): TestReAnchorSmolLM2JsonObject runs it on the shipped pair")
 
     def test_radix_attention(self):
         random.seed(0)
@@ -261,15 +268,34 @@ KITS = (kits.SpecCorrectnessKit, kits.SpecLogprobKit, kits.SpecPenaltyKit, kits.
         kits.SpecHiddenStatesKit, kits.SpecSamplingMaskKit)
 
 
-class TestReAnchorDefaults(ParityOnCpu, ReAnchorKitServer, *KITS):
+class TestReAnchorDefaults(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KITS):
     """REANCHOR with the default configuration (offsets 1, 2, 3; the paper's rule)."""
 
     __test__ = True
 
 
-class TestReAnchorChain(ParityOnCpu, ReAnchorKitServer, *KITS):
+class TestReAnchorChain(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KITS):
     """REANCHOR with ``{"offsets": []}``: DFlash's chain, through the same worker."""
 
     __test__ = True
 
     reanchor_config = '{"offsets": []}'
+
+
+class TestReAnchorSmolLM2JsonObject(ReAnchorKitServer):
+    """The one kit test a random model cannot pass, on the shipped pair (SmolLM2-135M-Instruct and
+    its drafter, float32, the plugin's defaults): ``SpecFeatureKit.test_constrained_decoding``, a
+    chat completion under ``response_format: json_object`` with no ``max_tokens`` that must parse
+    as a JSON object. A random model writes whitespace until its context ends; a trained one closes it."""
+
+    __test__ = True
+    test_constrained_decoding = kits.SpecFeatureKit.test_constrained_decoding
+
+    @staticmethod
+    def build_pair(root: Path) -> tuple[Path, Path]:
+        from sglang_reanchor.hub import default_target_path, shipped_drafter_path
+
+        drafter = shipped_drafter_path()
+        if drafter is None:
+            pytest.skip("this build ships no SmolLM2 drafter")
+        return Path(default_target_path()), drafter
