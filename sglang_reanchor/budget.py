@@ -165,6 +165,7 @@ class BatchBudget:
     decay: float = 0.9
     tau: dict[int, float] = field(default_factory=dict)
     rounds: int = 0
+    correction: dict[int, float] = field(default_factory=dict)  # budget -> measured / predicted seconds
 
     def __post_init__(self) -> None:
         for name in ("verify_seconds", "draft_seconds"):
@@ -179,10 +180,26 @@ class BatchBudget:
             raise ValueError(f"BatchBudget.decay must be in [0, 1), got {self.decay!r}")
         self.tau.setdefault(1, 1.0)  # the root alone: always the bonus token
 
-    def round_seconds(self, bs: int, budget: int) -> float:
-        """Predicted seconds of a round of ``bs`` requests verifying ``budget`` nodes each."""
+    def predicted_seconds(self, bs: int, budget: int) -> float:
+        """The profile's seconds for a round of ``bs`` requests verifying ``budget`` nodes each."""
         draft = 0.0 if budget == 1 else interpolate(self.draft_seconds, bs * self.blocks_per_request)
         return interpolate(self.verify_seconds, bs * budget) + draft + self.fixed_seconds
+
+    def round_seconds(self, bs: int, budget: int) -> float:
+        """Expected seconds of such a round: the profile's, times what `record_seconds` measured
+        of rounds with this budget (the mean correction of the others while it has none)."""
+        known = self.correction.get(budget)
+        if known is None:
+            known = sum(self.correction.values()) / len(self.correction) if self.correction else 1.0
+        return self.predicted_seconds(bs, budget) * known
+
+    def record_seconds(self, bs: int, budget: int, seconds: float) -> None:
+        """A round's measured wall time: the profile (measured outside the server, on one
+        request's forward) misses what serving adds per round (scheduling, KV moves,
+        draft-KV writes), which weighs most on the cheapest rounds."""
+        ratio = seconds / self.predicted_seconds(bs, budget)
+        old = self.correction.get(budget)
+        self.correction[budget] = ratio if old is None else self.decay * old + (1 - self.decay) * ratio
 
     def choose(self, bs: int) -> int:
         """The per-request budget for the coming round of ``bs`` requests."""

@@ -66,3 +66,15 @@ def test_bad_tables_are_refused():
         BatchBudget({}, DRAFT, blocks_per_request=1)
     with pytest.raises(ValueError, match="candidates"):
         BatchBudget(VERIFY, DRAFT, blocks_per_request=1, candidates=(0, 4))
+
+
+def test_measured_round_times_correct_the_profile():
+    """Serving adds a fixed cost per round the profile does not see: rounds of the root alone
+    measured at twice the predicted time make a tree worth it again for a request alone."""
+    budget = learnt({2: 1.3, 4: 1.5, 8: 1.6, 16: 1.6}, candidates=(2, 4, 8, 16))
+    assert budget.choose(1) == 1  # the profile alone: 1.6 / 0.090 < 1 / 0.050
+    budget.record_seconds(1, 1, 0.100)  # ... but the root alone takes 0.100 s here
+    budget.record_seconds(1, 8, 0.108)  # and the 8-node round 0.108 (1.2x its prediction)
+    assert budget.correction == {1: pytest.approx(2.0), 8: pytest.approx(1.2)}
+    assert budget.choose(1) == 8
+    assert budget.round_seconds(1, 4) == pytest.approx(budget.predicted_seconds(1, 4) * 1.6)  # the mean

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -122,6 +123,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         self._trace_path = os.environ.get(TRACE_ENV, "")
         self._batch_budget = self._load_batch_budget()
+        # the budget learns this server's own round times where they are host wall time (CPU) and
+        # the same for every rank (one rank): on a GPU the timer would need a sync per round
+        self._time_rounds = (self._batch_budget is not None and str(self.device) == "cpu"
+                             and int(getattr(server_args, "tp_size", 1) or 1) == 1)
         if get_server_return_hidden_states_mode().need_capture():
             # return_hidden_states: the target's logits processor keeps its last hidden states beside
             # the drafter's aux features (SGLang does so only for --enable-return-aux-hidden-states)
@@ -165,6 +170,7 @@ class ReAnchorWorker(DFlashWorkerV2):
     # ---- one ReAnchor round -----------------------------------------------------------
 
     def _decode(self, batch: Any, grammar_barrier: Any = None) -> GenerationBatchResult:
+        start = time.perf_counter()
         bs = len(batch.seq_lens)
         slots = batch.req_pool_indices
         prefix = batch.seq_lens.long()
@@ -264,6 +270,8 @@ class ReAnchorWorker(DFlashWorkerV2):
             self._trace(batch, tree, acc, lengths)
 
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=commit.new_seq_lens)
+        if self._time_rounds:
+            self._batch_budget.record_seconds(bs, budget, time.perf_counter() - start)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=commit.out_tokens.reshape(-1),
