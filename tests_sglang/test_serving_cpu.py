@@ -165,6 +165,23 @@ def test_cost_profile_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
     assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two TP ranks bound to one core each")
+def test_two_tp_ranks_serve_plain_sglangs_tokens(pair, tmp_path):
+    """``--tp-size 2`` on CPU (gloo; SGLang binds rank r to core r): REANCHOR with the offset
+    policy, whose rounds accept through shifted rows, equals a plain TP-2 server token for token
+    (the drafts use the TP-safe argmax over the vocab-parallel head: `cpu_compat` ALL_GATHER)."""
+    root, _, _ = pair
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+    tp2 = {"tp_size": 2}
+    trace = tmp_path / "trace.jsonl"
+    plain = serve(root, "NONE", ROUNDS[:1], None, None, extra_env=env, engine_args=tp2)
+    spec = serve(root, "REANCHOR", ROUNDS[:1], '{"policy": "offset"}', trace, extra_env=env, engine_args=tp2)
+    for rid in PROMPTS:
+        assert spec[rid]["output_ids"] == plain[rid]["output_ids"], rid
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert sum(r["shifted_accepts"] for r in rows) > 0
+
+
 def test_reanchor_tokens_equal_plain_sglang(pair):
     root, _, _ = pair
     rounds = ROUNDS[:1]

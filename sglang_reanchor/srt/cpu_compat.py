@@ -31,6 +31,13 @@ plain or DFLASH server with this package installed runs SGLang's own functions:
   replaces it with the same arithmetic in torch (`_table_qk_norm_rope_torch`: norm in
   float32, rounded to bfloat16, then the neox rotation from the same cos/sin table).
 
+- (plain CPU only) ``GroupCoordinator.all_gather_into_tensor`` sends every non-CPU-engine
+  tensor through the custom op ``sglang::reg_all_gather_into_tensor``, which has no CPU
+  kernel; DFlash's TP-safe argmax over the vocab-parallel LM head calls it, so a
+  ``--tp-size 2`` REANCHOR server on a plain CPU died at its first draft. The hook sends
+  CPU tensors through SGLang's own non-custom-op path (``_all_gather_into_tensor``, torch
+  distributed on the gloo group), as SGLang does for its CPU engine.
+
 - ``ModelRunner._extend_forward_kwargs`` casts ``forward_batch.input_embeds`` to
   bfloat16 whatever the model's dtype, so a DFlash drafter run in float32 or
   float16 (its block embeddings come in as ``input_embeds``) fails with "expected
@@ -42,13 +49,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EXTEND_KWARGS", "QK_NORM_ROPE", "TRITON_EXTEND", "install_reanchor_hooks", "needs_cpu_hooks",
+__all__ = ["ALL_GATHER", "EXTEND_KWARGS", "QK_NORM_ROPE", "TRITON_EXTEND", "install_reanchor_hooks", "needs_cpu_hooks",
            "register_cpu_hooks", "register_dtype_hooks", "register_mask_hooks"]
 
 ROPE_INIT = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
 EXTEND_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
 TRITON_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
 QK_NORM_ROPE = "sglang.kernels.ops.attention.table_qk_norm_rope.table_qk_norm_rope_"
+ALL_GATHER = "sglang.srt.distributed.parallel_state.GroupCoordinator.all_gather_into_tensor"
 
 
 def needs_cpu_hooks() -> bool:
@@ -142,6 +150,14 @@ def _table_qk_norm_rope_torch(original: Any, qkv: Any, positions: Any, q_weight:
     qk.copy_(torch.cat([y1 * cos - y2 * sin, y2 * cos + y1 * sin], dim=-1).to(qkv.dtype))
 
 
+def _all_gather_on_cpu(original: Any, group: Any, output: Any, input: Any) -> None:
+    """CPU tensors through the gather SGLang uses for its CPU engine; others unchanged."""
+    if output.device.type == "cpu":
+        group._all_gather_into_tensor(output, input)
+        return
+    original(group, output, input)
+
+
 _installed = False
 
 
@@ -167,7 +183,8 @@ def install_reanchor_hooks() -> bool:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
         HookRegistry.register(QK_NORM_ROPE, _table_qk_norm_rope_torch, HookType.AROUND)
-        targets.append(QK_NORM_ROPE)
+        HookRegistry.register(ALL_GATHER, _all_gather_on_cpu, HookType.AROUND)
+        targets += [QK_NORM_ROPE, ALL_GATHER]
     apply_or_fail(targets)
     _installed = True
     return True
