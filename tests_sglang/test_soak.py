@@ -21,6 +21,7 @@ they are bounded by it). Printed: requests served, aborted, rejected, leaked.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -78,15 +79,20 @@ def _aborted(url: str, rid: str) -> str:
     return body["meta_info"]["finish_reason"]["type"] if r.ok else f"http {r.status_code}"
 
 
-@pytest.fixture(scope="module")
-def servers(pair, tmp_path_factory, monkeypatch_module):  # noqa: F811
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def servers(request, pair, tmp_path_factory, monkeypatch_module):  # noqa: F811
+    """Both servers at ``--tp-size`` 1 and 2 (gloo; one core per rank)."""
+    if request.param > (os.cpu_count() or 1):
+        pytest.skip(f"--tp-size {request.param} binds one core per rank")
     root, target, _ = pair
     char_tokenizer(target.config.vocab_size).save_pretrained(root / "target")
     monkeypatch_module.setenv("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "1")
-    logs = tmp_path_factory.mktemp("soak")
-    with launch(root, None, extra_args=["--disable-overlap-schedule"]) as plain, \
+    logs = tmp_path_factory.mktemp(f"soak-tp{request.param}")
+    tp = ["--tp-size", str(request.param)]
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(map(str, range(request.param)))}
+    with launch(root, None, extra_args=["--disable-overlap-schedule", *tp], extra_env=env) as plain, \
             launch(root, "REANCHOR", OFFSET, logs / "trace.jsonl",
-                   extra_args=["--enable-custom-logit-processor"]) as spec:
+                   extra_args=["--enable-custom-logit-processor", *tp], extra_env=env) as spec:
         yield plain, spec, root
 
 
