@@ -97,12 +97,9 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
         # the cached lengths (seq_lens_cpu may already count the queries)
         seq_lens = forward_batch.seq_lens.long()
         max_prefix = int(seq_lens.max()) if seq_lens.numel() else 0
-        expected = int((n * (seq_lens + n)).sum())
-        if mask.numel() != expected:
-            raise ValueError(f"{NAME}: custom_mask has {mask.numel()} entries, the batch's FULL_MASK needs {expected}")
         rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.long(), :max_prefix].long()
         padding = torch.arange(max_prefix, device=rows.device)[None, :] >= seq_lens[:, None]
-        padded = unpack_full_mask(mask, seq_lens, n, max_prefix)  # [bs, n, S + n]
+        padded = unpack_full_mask(mask, seq_lens, n, max_prefix)  # [bs, n, S + n]; checks the mask's size
         self._plan = _VerifyPlan(key=key,
                                  cached=rows.masked_fill(padding, 0), mask=padded, live=padded.any(dim=2))
         return self._plan
