@@ -106,6 +106,25 @@ def _cmd_curve(args: argparse.Namespace) -> None:
     print(f"{len(curve['points'])} validations -> {args.out}/curve.json, curve.png")
 
 
+def _cmd_learning_curve(args: argparse.Namespace) -> None:
+    from .learning_curve import learning_curve, read_point
+
+    points = []
+    for spec in args.point:
+        try:
+            name, tokens, labels, path = spec.split(":", 3)
+            points.append(read_point(name, int(tokens), None if labels == "-" else int(labels), path))
+        except ValueError as e:
+            raise SystemExit(f"learning-curve: --point {spec!r}: {e} (expected NAME:RESPONSE_TOKENS:"
+                             "LABELS_SEEN:RESULTS_JSON)") from e
+    report = learning_curve(points, args.out, goal=args.goal, title=args.title)
+    fit, goal = report["fit"], report["goal"]
+    print(f"{len(points)} points: tau = {fit['a']:.3f} + {fit['b']:.4f} ln(tokens) "
+          f"(+{fit['tau_gain_per_doubling']:.3f} per doubling); tau {goal['tau']} on that line at "
+          f"{goal['response_tokens_on_the_line']:.3g} response tokens "
+          f"({goal['times_the_largest_point']:.3g}x the largest point) -> {args.out}/learning_curve.json, .png")
+
+
 def _cmd_fit(args: argparse.Namespace) -> None:
     from .trainer import TrainSettings, fit
 
@@ -248,6 +267,16 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--out", required=True, help="folder for curve.json and curve.png")
     c.add_argument("--title", default="")
     c.set_defaults(func=_cmd_curve)
+
+    lc = sub.add_parser("learning-curve", help="tau of trained drafters against their data (JSON + PNG), "
+                        "read from stored benchmark runs, with the log-linear trend and what it needs for a goal")
+    lc.add_argument("--point", action="append", required=True, metavar="NAME:TOKENS:LABELS:RESULTS_JSON",
+                    help="a drafter: response tokens trained on, labelled slots seen (- if not recorded), a "
+                    "`bench` results.json of it with --methods dflash (repeatable; two or more)")
+    lc.add_argument("--goal", type=float, default=3.0, help="the tau to project the data for")
+    lc.add_argument("--out", required=True)
+    lc.add_argument("--title", default="")
+    lc.set_defaults(func=_cmd_learning_curve)
 
     v = sub.add_parser("draft-vocab", help="rank the target's response tokens by frequency into a drafter "
                        "folder (draft_vocab.safetensors: drafting over the top K only, `draft_vocab=K`)")
