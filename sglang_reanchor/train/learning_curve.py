@@ -85,6 +85,7 @@ def learning_curve(points: Sequence[CurvePoint], out_dir: str | Path, goal: floa
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return report
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
@@ -97,6 +98,7 @@ def learning_curve(points: Sequence[CurvePoint], out_dir: str | Path, goal: floa
     ax.plot(grid, [a + b * math.log(x) for x in grid], color="C1", ls="--",
             label=f"fit: +{b * math.log(2):.3f} tau per doubling")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: minor labels overlap
     ax.set_xlabel("response tokens trained on")
     ax.set_ylabel("DFlash acceptance length tau")
     ax.set_title(title or "drafter learning curve")
