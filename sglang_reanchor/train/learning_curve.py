@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .plots import save_tau_figure
+
 __all__ = ["CurvePoint", "fit_log_line", "learning_curve", "read_point"]
 
 
@@ -80,30 +82,21 @@ def learning_curve(points: Sequence[CurvePoint], out_dir: str | Path, goal: floa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning_curve.json").write_text(json.dumps(report, indent=1) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        return report
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
     xs = [p.response_tokens for p in points]
-    ax.scatter(xs, [p.tau for p in points], color="C0", zorder=3, label="trained drafters")
-    for p in points:
-        ax.annotate(p.name, (p.response_tokens, p.tau), textcoords="offset points", xytext=(4, -10), fontsize=7)
-    hi = max(xs) * 4
-    grid = [min(xs) * (hi / min(xs)) ** (i / 50) for i in range(51)]
-    ax.plot(grid, [a + b * math.log(x) for x in grid], color="C1", ls="--",
-            label=f"fit: +{b * math.log(2):.3f} tau per doubling")
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: minor labels overlap
-    ax.set_xlabel("response tokens trained on")
-    ax.set_ylabel("DFlash acceptance length tau")
-    ax.set_title(title or "drafter learning curve")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "learning_curve.png", dpi=110)
-    plt.close(fig)
+
+    def draw(ax) -> None:
+        from matplotlib.ticker import NullFormatter
+
+        ax.scatter(xs, [p.tau for p in points], color="C0", zorder=3, label="trained drafters")
+        for p in points:
+            ax.annotate(p.name, (p.response_tokens, p.tau), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        hi = max(xs) * 4
+        grid = [min(xs) * (hi / min(xs)) ** (i / 50) for i in range(51)]
+        ax.plot(grid, [a + b * math.log(x) for x in grid], color="C1", ls="--",
+                label=f"fit: +{b * math.log(2):.3f} tau per doubling")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels overlap
+
+    save_tau_figure(out / "learning_curve.png", draw, xlabel="response tokens trained on",
+                    title=title or "drafter learning curve")
     return report

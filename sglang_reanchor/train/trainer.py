@@ -34,6 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..drafter import DFlashConfig, DFlashDrafter
 from .data import Sequences, chat_ids, load_sequences
 from .loss import IGNORE, block_inputs, block_labels, block_mask, dflash_loss, sample_anchors
+from .plots import save_tau_figure
 
 __all__ = ["TrainSettings", "Trainer", "export", "fit", "init_from_target", "training_curve", "validation_tau"]
 
@@ -301,24 +302,14 @@ def training_curve(log: str | Path, out_dir: str | Path, title: str = "") -> dic
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps(curve, indent=1) + "\n")
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return curve
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    ax.plot([p.get("labels_seen", 0) / 1e6 for p in points], [p["val_tau"] for p in points], marker="o",
-            label="val tau (held-out prompts, subset)")
-    if final is not None:
-        ax.scatter([final.get("labels_seen", 0) / 1e6], [final["final_val_tau"]], color="C3", zorder=3,
-                   label=f"final, all {final.get('num_val_prompts', '?')} prompts")
-    ax.set_xlabel("labelled draft slots trained on (millions)")
-    ax.set_ylabel("DFlash acceptance length tau")
-    ax.set_title(title or "drafter validation")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "curve.png", dpi=110)
-    plt.close(fig)
+    def draw(ax) -> None:
+        ax.plot([p.get("labels_seen", 0) / 1e6 for p in points], [p["val_tau"] for p in points], marker="o",
+                label="val tau (held-out prompts, subset)")
+        if final is not None:
+            ax.scatter([final.get("labels_seen", 0) / 1e6], [final["final_val_tau"]], color="C3", zorder=3,
+                       label=f"final, all {final.get('num_val_prompts', '?')} prompts")
+
+    save_tau_figure(out / "curve.png", draw, xlabel="labelled draft slots trained on (millions)",
+                    title=title or "drafter validation")
     return curve
