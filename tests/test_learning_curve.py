@@ -84,6 +84,11 @@ def test_cli_names_the_bad_point(two_runs, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit, match="NAME:RESPONSE_TOKENS:LABELS_SEEN:RESULTS_JSON"):
         train_main(["learning-curve", "--out", str(tmp_path), "--point", f"a:many:-:{paths[0]}",
                     "--point", f"b:20:-:{paths[1]}"])
+    with pytest.raises(SystemExit, match="at least two points"):
+        train_main(["learning-curve", "--out", str(tmp_path), "--point", f"a:10:-:{paths[0]}"])
+    with pytest.raises(SystemExit, match="No such file"):
+        train_main(["learning-curve", "--out", str(tmp_path), "--point", f"a:10:-:{tmp_path}/none.json",
+                    "--point", f"b:20:3:{paths[1]}"])
     train_main(["learning-curve", "--out", str(tmp_path), "--point", f"a:10:-:{paths[0]}",
                 "--point", f"b:20:3:{paths[1]}"])
     assert "2 points" in capsys.readouterr().out

@@ -114,10 +114,13 @@ def _cmd_learning_curve(args: argparse.Namespace) -> None:
         try:
             name, tokens, labels, path = spec.split(":", 3)
             points.append(read_point(name, int(tokens), None if labels == "-" else int(labels), path))
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             raise SystemExit(f"learning-curve: --point {spec!r}: {e} (expected NAME:RESPONSE_TOKENS:"
                              "LABELS_SEEN:RESULTS_JSON)") from e
-    report = learning_curve(points, args.out, goal=args.goal, title=args.title)
+    try:
+        report = learning_curve(points, args.out, goal=args.goal, title=args.title)
+    except ValueError as e:  # fewer than two distinct token counts
+        raise SystemExit(f"learning-curve: {e}") from e
     fit, goal = report["fit"], report["goal"]
     print(f"{len(points)} points: tau = {fit['a']:.3f} + {fit['b']:.4f} ln(tokens) "
           f"(+{fit['tau_gain_per_doubling']:.3f} per doubling); tau {goal['tau']} on that line at "
