@@ -13,9 +13,17 @@ from typing import Literal
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
-from sglang_reanchor.drafter import DFlashConfig, DFlashDrafter
+from sglang_reanchor.drafter import (
+    DFlashConfig,
+    DFlashDrafter,
+    DominoDrafter,
+    DominoSettings,
+    DSparkDrafter,
+    DSparkSettings,
+)
 
-__all__ = ["char_tokenizer", "tiny_drafter", "tiny_target", "write_zlab_drafter"]
+__all__ = ["char_tokenizer", "tiny_domino_drafter", "tiny_drafter", "tiny_dspark_drafter", "tiny_target",
+           "write_zlab_drafter"]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -90,6 +98,49 @@ def tiny_drafter(
                 else:
                     p.normal_(0.0, 0.2)
     return drafter.to(dtype or target.dtype).eval()
+
+
+def _with_random_head(family: DFlashDrafter, base: DFlashDrafter, seed: int, scales: dict[str, float]) -> DFlashDrafter:
+    """``family`` (a fresh family drafter) with ``base``'s backbone and random head weights:
+    parameters whose name starts with a key of ``scales`` ~ N(0, scale)."""
+    family = family.to(base.fc.weight.dtype)
+    missing, unexpected = family.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith(tuple(scales)) for k in missing), (missing, unexpected)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(10_000 + seed)
+        with torch.no_grad():
+            for name, p in family.named_parameters():
+                for prefix, scale in scales.items():
+                    if name.startswith(prefix):
+                        p.normal_(0.0, scale)
+    return family.eval()
+
+
+def tiny_domino_drafter(target: PreTrainedModel, *, block_size: int = 8, num_layers: int = 1, seed: int = 0,
+                        shift_label: bool = True, gru_hidden_dim: int = 8, emb_dim: int = 16,
+                        target_layer_ids: list[int] | None = None, dtype: torch.dtype | None = None) -> DominoDrafter:
+    """A random Domino drafter fitting ``target``: `tiny_drafter`'s backbone (same seed) plus a
+    random GRU correction head, scaled so that the correction often changes the argmax."""
+    base = tiny_drafter(target, block_size=block_size, num_layers=num_layers, seed=seed,
+                        target_layer_ids=target_layer_ids, dtype=dtype)
+    settings = DominoSettings(shift_label=shift_label, gru_hidden_dim=gru_hidden_dim, emb_dim=emb_dim)
+    return _with_random_head(DominoDrafter(base.config, settings), base, seed,
+                             {"prefix_gru.": 0.4, "embed_proj.0.": 0.3, "embed_proj.2.": 0.3})
+
+
+def tiny_dspark_drafter(target: PreTrainedModel, *, block_size: int = 8, num_layers: int = 1, seed: int = 0,
+                        markov_head_type: str = "vanilla", markov_rank: int = 4, sample_from_anchor: bool = True,
+                        confidence_head: bool = True, target_layer_ids: list[int] | None = None,
+                        dtype: torch.dtype | None = None) -> DSparkDrafter:
+    """A random DSpark drafter fitting ``target`` (``block_size`` is DSpark's gamma, the drafts per
+    block): `tiny_drafter`'s backbone plus a random Markov head (and confidence head)."""
+    base = tiny_drafter(target, block_size=block_size, num_layers=num_layers, seed=seed,
+                        target_layer_ids=target_layer_ids, dtype=dtype)
+    settings = DSparkSettings(markov_rank=markov_rank, markov_head_type=markov_head_type,
+                              sample_from_anchor=sample_from_anchor, confidence_head=confidence_head)
+    return _with_random_head(DSparkDrafter(base.config, settings), base, seed,
+                             {"markov_head.markov_w1.": 1.0, "markov_head.markov_w2.": 0.4, "markov_head.gate_proj.": 0.4,
+                              "markov_head.joint_proj.": 0.4, "confidence_head.": 0.3})
 
 
 def write_zlab_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:

@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from .config import DFlashConfig
 from .context import ContextKV
-from .draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab, save_draft_vocab
+from .draft_vocab import save_draft_vocab
+from .heads import ARGMAX_HEAD, DraftHead
 
 __all__ = ["DFlashDrafter", "RMSNorm", "RotaryEmbedding"]
 
@@ -160,7 +160,15 @@ class DFlashDrafter(nn.Module):
     config : DFlashConfig
         Sizes and DFlash settings. Only ``full_attention`` layers are implemented
         (every released Qwen3/LLaMA drafter); ``sliding_attention`` raises.
+
+    ``head`` rolls a block's hidden states out into drafts (`heads.ArgmaxHead` here;
+    the Domino and DSpark subclasses, `domino.DominoDrafter` and
+    `dspark.DSparkDrafter`, carry their own). `from_pretrained` returns the subclass
+    the folder's ``config.json`` describes.
     """
+
+    family = "dflash"  # "domino" / "dspark" in the subclasses
+    family_name = "DFlash"
 
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
@@ -177,6 +185,8 @@ class DFlashDrafter(nn.Module):
         # target tokens ranked by frequency in the training responses, when the folder
         # carries draft_vocab.safetensors (`draft_vocab.py`); only used when asked for
         self.vocab_ranking: Tensor | None = None
+        # how a block's hidden states become drafts (`heads.py`): argmax for DFlash
+        self.head: DraftHead = ARGMAX_HEAD
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -326,56 +336,54 @@ class DFlashDrafter(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, device: torch.device | str | None = None,
                         dtype: torch.dtype | None = None) -> DFlashDrafter:
-        """Load a z-lab folder: ``config.json`` + ``model.safetensors`` (or sharded
+        """Load a drafter folder: ``config.json`` + ``model.safetensors`` (or sharded
         ``model.safetensors.index.json``). No remote code. Strict: missing, unexpected
         or mis-shaped tensors raise ``ValueError`` listing them. ``dtype`` defaults to
         the config's ``dtype``; the model is returned in eval mode.
+
+        The family comes from ``config.json`` (`families.drafter_family`): a z-lab
+        DFlash folder gives a `DFlashDrafter`, a Domino one (``projector_type:
+        "domino"``) a `DominoDrafter`, a DSpark one (``Qwen3DSparkModel``) a
+        `DSparkDrafter`, each in the format SGLang 0.5.23 loads.
         """
+        from .checkpoint import load_checkpoint  # (they import this module)
+        from .families import drafter_class
+
         path = Path(path)
-        config = DFlashConfig.from_dict(json.loads((path / "config.json").read_text()))
-        dtype = dtype or config.torch_dtype
-        with torch.device("meta"):
-            model = cls(config)
-        expected = {k: v.shape for k, v in model.state_dict().items()}
-        tensors = _read_safetensors(path, device)
-        missing = sorted(set(expected) - set(tensors))
-        unexpected = sorted(set(tensors) - set(expected))
-        wrong = sorted(f"{k}: {tuple(tensors[k].shape)} != {tuple(expected[k])}"
-                       for k in set(expected) & set(tensors) if tensors[k].shape != expected[k])
-        if missing or unexpected or wrong:
-            raise ValueError(
-                f"{path}: checkpoint does not match the DFlash drafter config.\n"
-                f"  missing tensors: {missing}\n  unexpected tensors: {unexpected}\n"
-                f"  wrong shapes: {wrong}")
-        model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, assign=True)
-        model.rotary_emb.inv_freq = model.rotary_emb.compute_inv_freq(model.fc.weight.device)
-        if (path / DRAFT_VOCAB_FILE).exists():
-            model.vocab_ranking = load_draft_vocab(path)
-        return model.eval()
+        raw = json.loads((path / "config.json").read_text())
+        klass = drafter_class(raw)
+        if not issubclass(klass, cls):
+            raise ValueError(f"{path}: config.json describes a {klass.family_name} drafter, not a "
+                             f"{cls.family_name} one; load it with DFlashDrafter.from_pretrained")
+        return load_checkpoint(klass, path, raw, device, dtype)
+
+    # hooks of the family subclasses (the DFlash versions change nothing)
+
+    @classmethod
+    def _from_raw(cls, raw: dict[str, Any]) -> DFlashDrafter:
+        """A model (on the current default device) for a ``config.json`` dict."""
+        return cls(DFlashConfig.from_dict(raw))
+
+    def _checkpoint_tensors(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The checkpoint's tensors under this model's names (renamed / skipped ones)."""
+        return tensors
+
+    def _drop_absent_optional(self, names: set[str]) -> None:
+        """Remove optional modules whose tensors are all absent from ``names``."""
+
+    def config_dict(self) -> dict[str, Any]:
+        """The ``config.json`` dict `save_pretrained` writes."""
+        return dataclasses.replace(self.config, dtype=str(self.fc.weight.dtype)).to_dict()
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write ``config.json`` + ``model.safetensors`` in the z-lab format."""
+        """Write ``config.json`` + ``model.safetensors`` in the z-lab format (the family's
+        SGLang format for the Domino and DSpark subclasses)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        config = dataclasses.replace(self.config, dtype=str(self.fc.weight.dtype)).to_dict()
+        config = self.config_dict()
         (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
         if self.vocab_ranking is not None:
             save_draft_vocab(path, self.vocab_ranking)
 
-
-def _read_safetensors(path: Path, device: torch.device | str | None) -> dict[str, Tensor]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (path / "model.safetensors").exists():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
-    tensors: dict[str, Tensor] = {}
-    for name in files:
-        with safe_open(str(path / name), framework="pt", device=str(device or "cpu")) as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                tensors[key] = f.get_tensor(key)
-    return tensors

@@ -26,7 +26,6 @@ from torch import Tensor, nn
 from attention.masks import multi_anchor_mask  # the one multi-anchor mask (re-exported here)
 
 from .context import DraftContextCache
-from .draft_vocab import DraftVocabHead
 from .model import DFlashDrafter
 
 __all__ = ["draft_blocks", "draft_hidden", "multi_anchor_mask"]
@@ -109,27 +108,24 @@ def draft_blocks(drafter: DFlashDrafter, cache: DraftContextCache, anchors: Tens
     The LM head skips the slots past them; the drafter still runs over all ``W``
     slots, so the first ``n`` drafts do not depend on ``num_drafts``.
 
+    The drafts are the drafter's head's rollout of each block from its own anchor
+    (``drafter.head.rollout``, `heads.py`): DFlash's argmax per slot, Domino's GRU
+    correction, DSpark's Markov head; every block of every row at once.
+
     Returns
     -------
     Tensor
         ``[bs, R, 1 + n]`` long: ``[:, r, 0]`` is the anchor, ``[:, r, 1:]`` the greedy
-        (argmax) drafts for positions ``anchor_positions[:, r] + 1 .. + n``.
+        drafts for positions ``anchor_positions[:, r] + 1 .. + n``.
     """
     width = _slots(drafter, num_slots)
     n = width - 1 if num_drafts is None else num_drafts
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= width - 1:
         raise ValueError(f"num_drafts must be None or an int in [1, {width - 1}] (query slots - 1), got {num_drafts!r}")
     hidden = draft_hidden(drafter, cache, anchors, anchor_positions, extra_features,
-                          extra_visible, embed_tokens, num_slots=width)
-    # Logits for slots 0..n, slot 0 dropped after: the same drafts, and on CPU a GEMM
-    # with M = B = 16 rows takes a faster path than M = 15 (about 2x here).
-    # Rows flattened to 2-D: for some [bs, R, n, H] shapes `linear` takes a batched-matmul
-    # path that copies the whole weight (5 ms for 8,192 x 576 here), 2-D is always one GEMM.
-    bs, rows = anchors.shape
-    flat = hidden[:, :, : 1 + n].reshape(bs * rows * (1 + n), hidden.shape[-1])
-    drafts = lm_head(flat).argmax(dim=-1).view(bs, rows, 1 + n)[:, :, 1:]  # [bs, R, n]
-    if isinstance(lm_head, DraftVocabHead):  # argmax over a reduced vocabulary: map back
-        drafts = lm_head.token_ids[drafts]
+                          extra_visible, embed_tokens, num_slots=width)  # [bs, R, W, H]
+    drafts = drafter.head.rollout(hidden, anchors, embed_tokens=embed_tokens, lm_head=lm_head,
+                                  num_drafts=n)  # [bs, R, n]
     return torch.cat([anchors[:, :, None], drafts], dim=-1)
 
 
