@@ -210,11 +210,9 @@ def padded_ancestor_mask(parents: Tensor) -> Tensor:
     base = torch.arange(bs, device=parents.device)[:, None] * n
     flat_parents = torch.where(parents >= 0, parents + base, -1).reshape(-1)  # one forest, global ids
     paths = _ancestor_paths(flat_parents, steps=max(1, (n - 1).bit_length()))  # [bs * N, D]; depth < N
-    valid = paths >= 0
-    node = torch.arange(bs * n, device=parents.device)[:, None].expand_as(paths)[valid]
-    mask = torch.zeros(bs * n, n, dtype=torch.bool, device=parents.device)
-    mask[node, paths[valid] % n] = True
-    return mask.view(bs, n, n)
+    cols = torch.where(paths >= 0, paths % n, n)  # missing ancestors go to a spare column
+    mask = torch.zeros(bs * n, n + 1, dtype=torch.bool, device=parents.device)
+    return mask.scatter_(1, cols, True)[:, :n].view(bs, n, n)
 
 
 def tree_depths(parents: Sequence[Tensor]) -> Tensor:
@@ -291,7 +289,8 @@ def sglang_full_mask(parents: Sequence[Tensor], prefix_lens: Sequence[int] | Ten
 
 
 def full_mask(tail: Tensor, prefix_lens: Tensor, rows: Tensor | None = None,
-              cols: Tensor | None = None, max_prefix: int | None = None) -> Tensor:
+              cols: Tensor | None = None, max_prefix: int | None = None,
+              prefix_sum: int | None = None) -> Tensor:
     """The FULL_MASK layout of any per-request mask after a committed prefix, flat.
 
     Request ``b``'s block is the row-major ``[r_b, P_b + c_b]`` matrix whose row ``i``
@@ -305,26 +304,52 @@ def full_mask(tail: Tensor, prefix_lens: Tensor, rows: Tensor | None = None,
     tail : Tensor
         ``[bs, Q, K]`` bool, the mask among the new keys.
     prefix_lens : Tensor
-        ``[bs]`` int64, ``P_b >= 0``.
+        ``[bs]`` int64, ``P_b >= 0``, on the device of ``tail``.
     rows, cols : Tensor or None
         ``[bs]`` int64, ``r_b <= Q`` and ``c_b <= K`` (ragged requests); None: all.
     max_prefix : int or None
-        ``max_b P_b`` when the caller knows it on the host (SGLang's ``seq_lens_cpu``);
-        None reads it from ``prefix_lens`` (a device sync).
+        ``max_b P_b`` when the caller knows it on the host; None reads it from
+        ``prefix_lens`` (a device sync).
+    prefix_sum : int or None
+        ``sum_b P_b`` from the host (SGLang's ``seq_lens_cpu``), with ``max_prefix``,
+        for full rows and columns (``rows`` and ``cols`` None). Then the output size
+        is a host number and every entry is written at an index computed on the
+        device: no device read at all. Without them the ragged selection sizes its
+        output on the device.
 
     Returns
     -------
     Tensor
-        ``[sum_b r_b * (P_b + c_b)]`` bool, built for the whole batch at once. The
-        boolean selection at the end sizes its output on the host, as any ragged
-        layout must.
+        ``[sum_b r_b * (P_b + c_b)]`` bool, built for the whole batch at once.
 
-    >>> full_mask(torch.tensor([[[True, False], [True, True]]]), torch.tensor([1])).view(2, 3).int().tolist()
+    >>> tail = torch.tensor([[[True, False], [True, True]]])
+    >>> full_mask(tail, torch.tensor([1])).view(2, 3).int().tolist()
     [[1, 1, 0], [1, 1, 1]]
+    >>> torch.equal(full_mask(tail, torch.tensor([1]), max_prefix=1, prefix_sum=1),
+    ...             full_mask(tail, torch.tensor([1])))
+    True
     """
     bs, q, k = tail.shape
     dev = tail.device
     p = prefix_lens.to(device=dev, dtype=torch.int64)
+    if prefix_sum is not None and max_prefix is not None and rows is None and cols is None:
+        total = q * (prefix_sum + bs * k)  # host arithmetic
+        if bs == 0 or q == 0 or total == 0:
+            return torch.ones(total, dtype=torch.bool, device=dev)
+        padded = max_prefix + k
+        col = torch.arange(padded, device=dev)
+        t = col[None, :] - p[:, None]  # [bs, W]: column of the tail (< 0: the prefix)
+        if k:
+            picked = tail.gather(2, t.clamp(0, k - 1)[:, None, :].expand(bs, q, -1))  # [bs, Q, W]
+            values = torch.where((t >= 0)[:, None, :], picked, True)
+        else:
+            values = torch.ones(bs, q, padded, dtype=torch.bool, device=dev)
+        width = p + k  # [bs]
+        start = torch.cumsum(q * width, 0) - q * width  # [bs]: each request's block
+        index = start[:, None, None] + torch.arange(q, device=dev)[None, :, None] * width[:, None, None] + col
+        index = torch.where(col[None, None, :] < width[:, None, None], index, total)  # padding: a spare entry
+        out = torch.empty(total + 1, dtype=torch.bool, device=dev)
+        return out.scatter_(0, index.reshape(-1), values.reshape(-1))[:total]
     r = torch.full((bs,), q, dtype=torch.int64, device=dev) if rows is None else rows.to(dev)
     c = torch.full((bs,), k, dtype=torch.int64, device=dev) if cols is None else cols.to(dev)
     width = p + c  # [bs]

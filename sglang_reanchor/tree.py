@@ -11,6 +11,11 @@ exactly the lower-numbered nodes on its path, and truncating to the first
 ``node_budget`` nodes drops "the deepest nodes of the last-attached rows first"
 while leaving a valid tree.
 
+Shapes never depend on the drafts: a batch of trees is padded to the width
+``N = min(node_budget, (1 + R) * B)``, known on the host before the drafter runs,
+and building one reads nothing back from the device (a CUDA graph can hold it;
+`tests/test_round_syncs.py` checks). Padding nodes see the prefix and themselves.
+
 Worked example (``B = 4``, one shifted row ``d = 1`` with anchor ``a1 = 7`` whose
 drafts are ``[9, 5, 6]``; baseline ``[3, 7, 8, 4]``; policy ``earliest``)::
 
@@ -25,11 +30,13 @@ drafts are ``[9, 5, 6]``; baseline ``[3, 7, 8, 4]``; policy ``earliest``)::
 ...     torch.tensor([[3, 7, 8, 4]]), torch.tensor([[[7, 9, 5, 6]]]),
 ...     offsets=torch.tensor([1]), row_valid=torch.tensor([[True]]),
 ...     rejected_tokens=torch.tensor([[2]]), config=ReAnchorConfig(offsets=(1,)))
->>> tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()
-([[3, 7, 8, 4, 9, 5, 6]], [[-1, 0, 1, 2, 1, 4, 5]], [[0, 1, 2, 3, 2, 3, 4]])
+>>> tree.width, tree.num_nodes.tolist()   # fixed width min(node_budget, (1 + R) * B) = 8
+(8, [7])
+>>> tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()   # node 7 is padding
+([[3, 7, 8, 4, 9, 5, 6, 0]], [[-1, 0, 1, 2, 1, 4, 5, -1]], [[0, 1, 2, 3, 2, 3, 4, 0]])
 >>> tree.row_sites.tolist()   # depth at which each shifted row's anchor sits
 [[1]]
->>> [t.tolist() for t in tree.retrieve_arrays()]  # SGLang's pointer arrays
+>>> [t.tolist() for t in tree.trimmed().retrieve_arrays()]  # SGLang's pointer arrays
 [[[0, 1, 2, 3, 4, 5, 6]], [[1, 2, 3, -1, 5, 6, -1]], [[-1, -1, 4, -1, -1, -1, -1]]]
 """
 
@@ -60,6 +67,7 @@ class DraftTree:
     num_nodes: Tensor  # [bs] long: real nodes per request
     source_row: Tensor  # [bs, N] long: drafter row that created the node (0 baseline, r+1 shifted row r)
     row_sites: Tensor  # [bs, R] long: depth where shifted row r's anchor sits; -1 = not attached
+    ancestors: Tensor  # [bs, N, N] bool: [b, i, j] iff j is i or an ancestor of i (padding: itself only)
 
     # ---- constructors -------------------------------------------------------------
 
@@ -78,6 +86,7 @@ class DraftTree:
             num_nodes=torch.full((bs,), n, dtype=torch.long, device=tokens.device),
             source_row=torch.zeros_like(idx),
             row_sites=torch.zeros(bs, 0, dtype=torch.long, device=tokens.device),
+            ancestors=torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril().expand(bs, n, n),
         )
 
     @staticmethod
@@ -108,6 +117,7 @@ class DraftTree:
             num_nodes=torch.tensor([len(t) for t in tokens], dtype=torch.long),
             source_row=torch.zeros(bs, n, dtype=torch.long),
             row_sites=torch.zeros(bs, 0, dtype=torch.long),
+            ancestors=padded_ancestor_mask(par),
         )
 
     # ---- views ----------------------------------------------------------------------
@@ -134,10 +144,29 @@ class DraftTree:
     def ancestor_mask(self) -> Tensor:
         """``[bs, N, N]`` bool: ``[b, i, j]`` is True iff ``j`` is ``i`` or an ancestor of ``i``.
 
-        Padding nodes see only themselves. Pointer jumping over the whole batch
-        (`attention.masks.padded_ancestor_mask`), not a walk over nodes.
+        Built once with the tree (``ancestors``); padding nodes see only themselves.
         """
-        return padded_ancestor_mask(self.parents)
+        return self.ancestors
+
+    def trimmed(self) -> DraftTree:
+        """The same trees cut to the widest real one (``max(num_nodes)`` columns).
+
+        Reads ``num_nodes`` on the host: for a CPU, where the read is free and every
+        padding node costs a verified token, and for tests. The round core itself
+        keeps the fixed width.
+        """
+        n = max(1, int(self.num_nodes.max()))
+        if n == self.width:
+            return self
+        return DraftTree(
+            tokens=self.tokens[:, :n], parents=self.parents[:, :n], depth=self.depth[:, :n],
+            num_nodes=self.num_nodes, source_row=self.source_row[:, :n], row_sites=self.row_sites,
+            ancestors=self.ancestors[:, :n, :n],
+        )
+
+    def to(self, device: torch.device | str) -> DraftTree:
+        """Every field on ``device``."""
+        return DraftTree(**{f: getattr(self, f).to(device) for f in DraftTree.__dataclass_fields__})
 
     def retrieve_arrays(self) -> tuple[Tensor, Tensor, Tensor]:
         """SGLang's tree pointers, each ``[bs, N]`` long (-1 = none).
@@ -182,12 +211,12 @@ def build_draft_tree(
     Parameters
     ----------
     baseline:
-        ``[bs, B]`` long: the bonus token ``b`` then the ``B - 1`` baseline drafts.
+        ``[bs, W]`` long: the bonus token ``b`` then ``W - 1`` baseline drafts.
     shifted:
-        ``[bs, R, B]`` long: row ``r`` is ``a_d`` (the target's top-1 at ``s + d``)
-        then its ``B - 1`` drafts, for ``d = offsets[r]``.
+        ``[bs, R, W]`` long: row ``r`` is ``a_d`` (the target's top-1 at ``s + d``)
+        then its ``W - 1`` drafts, for ``d = offsets[r]``.
     offsets:
-        ``[R]`` long: the offset ``d`` of each row.
+        ``[R]`` long, on the device: the offset ``d`` of each row.
     row_valid:
         ``[bs, R]`` bool: False where request ``b`` has no row ``r`` (its stored
         rejected suffix is shorter than ``d``).
@@ -196,9 +225,9 @@ def build_draft_tree(
         (padding anywhere past a row's ``d`` is never read); used by
         ``longest_prefix``.
     config:
-        Attachment policy, root site, fallback, region and node budget.
+        Attachment policy, root site, fallback, region, node budget and depth cap.
     generator:
-        Source of randomness for ``policy="random"``.
+        Source of randomness for ``policy="random"`` (a CPU generator).
     sites:
         ``[bs, R]`` long, optional: attach row ``r`` at exactly this depth,
         bypassing ``config.policy`` (-1 = skip). For analysis, e.g. verifying one
@@ -208,98 +237,91 @@ def build_draft_tree(
     -------
     DraftTree
         Nodes in creation order, at most ``config.node_budget`` per request, none
-        deeper than ``config.max_depth``.
+        deeper than ``config.max_depth``, padded to the fixed width
+        ``min(node_budget, (1 + R) * W)``: no shape depends on the drafts, and
+        nothing here reads the device.
+
+    How: every row is laid on one depth grid ``[bs, 1 + R, 2W]`` as its full token
+    path from the root (the baseline above its site, the row below). Two cells at
+    depth ``t`` are one trie node iff their rows' paths agree down to ``t`` (a
+    cumulative product over depth); a cell's node is the first kept row holding that
+    path, and a node's parent is the node of its row's cell one level up.
     """
-    bs, block = baseline.shape
+    bs, width = baseline.shape
     rows = shifted.shape[1]
-    if shifted.shape != (bs, rows, block) or offsets.shape != (rows,) or row_valid.shape != (bs, rows):
+    if shifted.shape != (bs, rows, width) or offsets.shape != (rows,) or row_valid.shape != (bs, rows):
         raise ValueError(
-            f"expected shifted [bs, R, B], offsets [R], row_valid [bs, R] for baseline {tuple(baseline.shape)}; "
+            f"expected shifted [bs, R, W], offsets [R], row_valid [bs, R] for baseline {tuple(baseline.shape)}; "
             f"got {tuple(shifted.shape)}, {tuple(offsets.shape)}, {tuple(row_valid.shape)}"
         )
     dev = baseline.device
     if sites is None:
         sites, attached = _attach_sites(baseline, shifted, offsets, row_valid, rejected_tokens, config, generator)
     else:
-        attached = row_valid & (sites >= 0) & (sites <= block) & ((sites > 0) | (shifted[:, :, 0] == baseline[:, :1]))
+        attached = row_valid & (sites >= 0) & (sites <= width) & ((sites > 0) | (shifted[:, :, 0] == baseline[:, :1]))
         sites = sites.clamp(min=0)
-    # an attached row sits at depth <= B; a row left out may name a site past the block (an
-    # offset d > B): its paths are never kept, but they must stay inside the path arrays
-    sites = sites.clamp(max=block)
+    # an attached row hangs at depth <= W; a row left out may name a site past the block
+    # (an offset d > W): it keeps no cell, but its grid indices must stay in range
+    sites = sites.clamp(max=width)
+    grid = 2 * width  # depths 0 .. 2W-1: a row attached at depth W reaches 2W-1
+    num = 1 + rows
+    n = min(config.node_budget, num * width)  # the fixed verify width N
 
-    # Each candidate node is named by its full token path from the root, padded with -1.
-    # Candidates: the B baseline prefixes, then for each row r and k < B the path
-    # baseline[:site] + shifted[r, :k+1].
-    max_len = 2 * block + 1
-    pos = torch.arange(max_len, device=dev)
-    k = torch.arange(block, device=dev)
-    base_paths = torch.where(
-        pos[None, None, :] <= k[None, :, None],
-        baseline[:, None, :].expand(bs, block, block).gather(2, pos.clamp(max=block - 1).expand(bs, block, max_len)),
-        -1,
-    )  # [bs, B, max_len]
-    site = sites[:, :, None, None]  # [bs, R, 1, 1]
-    from_base = pos < site
-    from_row = (pos >= site) & (pos - site <= k[None, None, :, None])
-    base_tok = baseline[:, None, None, :].expand(bs, rows, block, block)
-    base_part = base_tok.gather(3, pos.clamp(max=block - 1).expand(bs, rows, block, max_len))
-    row_idx = (pos - site).clamp(0, block - 1).expand(bs, rows, block, max_len)
-    row_part = shifted[:, :, None, :].expand(bs, rows, block, block).gather(3, row_idx)
-    row_paths = torch.where(from_base, base_part, torch.where(from_row, row_part, -1))
-    paths = torch.cat([base_paths, row_paths.reshape(bs, rows * block, max_len)], dim=1)  # [bs, C, max_len]
+    # ---- every row's full token path on the depth grid: [bs, 1+R, G]
+    t = torch.arange(grid, device=dev)
+    base_path = torch.cat([baseline, torch.full_like(baseline, -1)], dim=1)  # [bs, G]
+    k = t - sites[:, :, None]  # [bs, R, G]: index into the row (< 0: above its site)
+    in_row = (k >= 0) & (k < width)
+    row_tok = shifted.gather(2, k.clamp(0, width - 1))
+    row_path = torch.where(k < 0, base_path[:, None, :], torch.where(in_row, row_tok, -1))
+    paths = torch.cat([base_path[:, None, :], row_path], dim=1)  # [bs, 1+R, G]
 
-    depth_base = k.expand(bs, block)
-    depth_rows = sites[:, :, None] + k[None, None, :]  # [bs, R, B]
-    keep_rows = attached[:, :, None].expand(bs, rows, block) & _region_keep(
-        config, baseline, shifted, sites, depth_rows, block
-    )
-    keep = torch.cat([torch.ones_like(depth_base, dtype=torch.bool), keep_rows.reshape(bs, -1)], dim=1)
-    depth = torch.cat([depth_base, depth_rows.reshape(bs, -1)], dim=1)
+    # ---- candidate cells: the baseline's W, each attached row's W (region, depth cap)
+    region = _region_keep(config, baseline, shifted, sites, sites[:, :, None] + t[:width], width)  # [bs, R, W]
+    keep_rows = attached[:, :, None] & in_row & region.gather(2, k.clamp(0, width - 1))
+    keep = torch.cat([(t < width).expand(bs, 1, grid), keep_rows], dim=1)  # [bs, 1+R, G]
     if config.max_depth is not None:  # a node's parent is shallower, so the cut leaves a tree
-        keep &= depth <= config.max_depth
+        keep = keep & (t <= config.max_depth)
 
-    # Parent candidate of each candidate (the same path minus its last token).
-    n_cand = paths.shape[1]
-    parent_base = k - 1
-    parent_rows = torch.where(
-        k[None, None, :] > 0,
-        block + torch.arange(rows, device=dev)[None, :, None] * block + k[None, None, :] - 1,
-        sites[:, :, None] - 1,  # the anchor's parent: baseline node at depth site-1 (-1: root merge)
-    )
-    parent = torch.cat([parent_base.expand(bs, block), parent_rows.reshape(bs, -1)], dim=1)
+    # ---- merge: same[b, r, q, t] = rows r and q share the path down to depth t
+    same = (paths[:, :, None, :] == paths[:, None, :, :]).int().cummin(dim=3).values.bool()
+    owner = (same & keep[:, None, :, :]).int()  # q keeps a cell on r's path at depth t
+    rep = owner.argmax(dim=2)  # [bs, 1+R, G]: the first such row (r itself if r keeps the cell)
+    row_ids = torch.arange(num, device=dev)[None, :, None]
+    is_node = (keep & (rep == row_ids)).reshape(bs, num * grid)  # creation order: row-major
+    node_id = is_node.long().cumsum(dim=1) - 1
+    in_budget = is_node & (node_id < n)
+    cell_node = node_id.view(bs, num, grid).gather(1, rep)  # [bs, 1+R, G]: node of each cell's path
+    parent = torch.cat([torch.full_like(cell_node[:, :, :1], -1), cell_node[:, :, :-1]], dim=2)
 
-    # Merge identical paths: each candidate's representative is the first kept candidate with its path.
-    same = (paths[:, :, None, :] == paths[:, None, :, :]).all(dim=3) & keep[:, None, :]
-    rep = same.float().argmax(dim=2)  # first True (every kept candidate matches itself)
-    is_node = keep & (rep == torch.arange(n_cand, device=dev))
-    node_id = is_node.long().cumsum(dim=1) - 1  # creation-order id of each representative
-    in_budget = is_node & (node_id < config.node_budget)
+    slot = torch.where(in_budget, node_id, n)  # cells that are no node go to a spare column
+    # the node fields in one scatter: token, parent, depth, source row of each cell; padding 0 / -1 / 0 / 0
+    fields = torch.stack([paths, parent, t.expand(bs, num, grid), row_ids.expand(bs, num, grid)], dim=1)
+    out = torch.zeros(bs, 4, n + 1, dtype=torch.long, device=dev)
+    out[:, 1] = -1
+    out = out.scatter_(2, slot[:, None, :].expand(bs, 4, -1), fields.view(bs, 4, -1))[:, :, :n]
+
     num_nodes = in_budget.sum(dim=1)
-    n = int(num_nodes.max())
+    valid = torch.arange(n, device=dev) < num_nodes[:, None]
+    # ancestors of the node at cell (r, t): the nodes of r's cells at depths <= t
+    above = t[None, :] <= t[:, None]  # [G, G]: (t, t') with t' <= t
+    cols = cell_node[:, :, None, :].expand(bs, num, grid, grid)  # [bs, 1+R, G, G]
+    cols = torch.where(above & (cols < n), cols, n)  # (a cell past the budget is in no node's path)
+    flat = slot.view(bs, num, grid, 1) * (n + 1) + cols
+    anc = torch.zeros(bs, (n + 1) * (n + 1), dtype=torch.bool, device=dev)
+    anc = anc.scatter_(1, flat.reshape(bs, -1), True).view(bs, n + 1, n + 1)[:, :n, :n]
+    anc = anc | (torch.eye(n, dtype=torch.bool, device=dev) & ~valid[:, :, None])  # padding sees itself
 
-    cand_node = node_id.gather(1, rep)  # node of every kept candidate
-    parent_node = torch.where(parent >= 0, cand_node.gather(1, parent.clamp(min=0)), -1)
-    last_tok = paths.gather(2, depth[..., None]).squeeze(2)
-    source = torch.cat(
-        [torch.zeros(bs, block, dtype=torch.long, device=dev),
-         (torch.arange(rows, device=dev) + 1).repeat_interleave(block).expand(bs, -1)],
-        dim=1,
-    )
-
-    slot = torch.where(in_budget, node_id, n)  # out-of-budget candidates go to a spare column
-    def scatter(values: Tensor, fill: int) -> Tensor:
-        out = torch.full((bs, n + 1), fill, dtype=torch.long, device=dev)
-        return out.scatter_(1, slot, torch.where(in_budget, values, fill))[:, :n]
-
-    anchor_kept = keep[:, block::block] & (cand_node[:, block::block] < config.node_budget)
-    row_sites = torch.where(attached & anchor_kept, sites, -1)
+    anchor_kept = keep_rows.gather(2, sites[:, :, None]).squeeze(2)
+    anchor_node = cell_node[:, 1:].gather(2, sites[:, :, None]).squeeze(2)
     return DraftTree(
-        tokens=scatter(last_tok, 0),
-        parents=scatter(parent_node, -1),
-        depth=scatter(depth, 0),
+        tokens=out[:, 0],
+        parents=out[:, 1],
+        depth=out[:, 2],
         num_nodes=num_nodes,
-        source_row=scatter(source, 0),
-        row_sites=row_sites,
+        source_row=out[:, 3],
+        row_sites=torch.where(attached & anchor_kept & (anchor_node < n), sites, -1),
+        ancestors=anc,
     )
 
 
@@ -319,19 +341,18 @@ def _attach_sites(
     bs, block = baseline.shape
     rows = shifted.shape[1]
     dev = baseline.device
-    offset = offsets.to(dev).long()[None, :].expand(bs, rows)
+    offset = offsets.long().expand(bs, rows)
     # A row attached "at its offset" hangs below baseline depth d-1, which must exist.
     offset_ok = row_valid & (offset <= block)
     if config.policy == "offset" or rows == 0:
         return offset, offset_ok
 
-    anchors = shifted[:, :, 0]
-    match = baseline[:, None, :] == anchors[:, :, None]  # [bs, R, B]
+    match = baseline[:, None, :] == shifted[:, :, :1]  # [bs, R, B]: g_j == a_d
     if not config.root_site:
-        match[:, :, 0] = False
+        match = match & (torch.arange(block, device=dev) > 0)
     j = torch.arange(block, device=dev)
     if config.policy == "earliest":
-        score = torch.where(match, -j.float(), -float("inf"))
+        score = match.int()  # argmax: the first match
     elif config.policy == "random":
         noise = torch.rand(bs, rows, block, generator=generator, device="cpu").to(dev)
         score = torch.where(match, noise, -float("inf"))

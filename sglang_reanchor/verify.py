@@ -17,11 +17,14 @@ chain, then the earliest-attached row). It starts at the next bonus position.
 >>> from sglang_reanchor.tree import DraftTree
 >>> tree = DraftTree.from_lists([[3, 7, 8, 4, 9, 5, 6]], [[-1, 0, 1, 2, 1, 4, 5]])
 >>> next_tokens = torch.tensor([[7, 9, 1, 1, 5, 2, 1]])  # the target's pick after each node
->>> acc = accept_tree(tree, next_tokens, top1=next_tokens)
+>>> acc = accept_tree(tree, next_tokens, top1=next_tokens, path_width=5, suffix_width=2)
 >>> acc.accepted_nodes.tolist(), acc.accept_lengths.tolist(), acc.bonus.tolist()
-([[0, 1, 4, 5]], [4], [2])
+([[0, 1, 4, 5, -1]], [4], [2])
 >>> acc.suffix_nodes.tolist(), acc.suffix_tokens.tolist(), acc.suffix_predictions.tolist()
-([[6]], [[6]], [[1]])
+([[6, -1]], [[6, 0]], [[1, 0]])
+
+Every width is a host number (``path_width``, ``suffix_width``): nothing here reads
+the device, so a round's shapes are known before it runs.
 """
 
 from __future__ import annotations
@@ -45,11 +48,11 @@ class Acceptance:
     """
 
     accept_lengths: Tensor  # [bs] long: accepted drafts + 1
-    accepted_nodes: Tensor  # [bs, T] long: node ids root first; -1 past accept_lengths[b]
+    accepted_nodes: Tensor  # [bs, T] long: node id at each depth, root first; -1 past accept_lengths[b]
     bonus: Tensor  # [bs] long: the target's next token after the last accepted node
     next_tokens: Tensor  # [bs, N] long: the target's pick at every node (argmax or sample)
     suffix_nodes: Tensor  # [bs, S] long: rejected-suffix node ids, shallow first; -1 pad
-    suffix_lengths: Tensor  # [bs] long
+    suffix_lengths: Tensor  # [bs] long: real entries of suffix_nodes (<= S)
     suffix_tokens: Tensor  # [bs, S] long: their draft tokens r (pad 0)
     suffix_predictions: Tensor  # [bs, S] long: target top-1 at each, i.e. y[s+1..s+L] (pad 0)
 
@@ -68,80 +71,92 @@ def verify_tree(
     logits: Tensor,
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    path_width: int | None = None,
+    suffix_width: int | None = None,
 ) -> Acceptance:
     """Accept from target ``logits`` (``[bs, N, V]``, row ``i`` = distribution after node ``i``)."""
     if logits.shape[:2] != tree.tokens.shape:
         raise ValueError(f"logits must be [bs, N, V] with [bs, N] = {tuple(tree.tokens.shape)}, got {tuple(logits.shape)}")
     top1 = logits.argmax(-1)
     next_tokens = top1 if params.greedy else sample_tokens(logits, params, generator)
-    return accept_tree(tree, next_tokens, top1)
+    return accept_tree(tree, next_tokens, top1, path_width, suffix_width)
 
 
-def accept_tree(tree: DraftTree, next_tokens: Tensor, top1: Tensor) -> Acceptance:
-    """Accept given the target's pick at every node (``next_tokens``, ``top1``: ``[bs, N]`` long)."""
-    bs = tree.batch_size
+def accept_tree(tree: DraftTree, next_tokens: Tensor, top1: Tensor, path_width: int | None = None,
+                suffix_width: int | None = None) -> Acceptance:
+    """Accept given the target's pick at every node (``next_tokens``, ``top1``: ``[bs, N]`` long).
+
+    Output widths are host numbers, never read from the device: ``accepted_nodes`` has
+    ``path_width`` columns (default ``N``; at least the deepest node's depth + 1, e.g.
+    ``max_depth + 1``), the suffix ``suffix_width`` (default ``N - 1``; a longer suffix
+    is cut to it, as the suffix store would).
+    """
+    bs, n = tree.tokens.shape
     dev = tree.tokens.device
-    valid = tree.valid
-    anc = tree.ancestor_mask()  # [bs, N, N]
+    path_width = n if path_width is None else path_width
+    suffix_width = n - 1 if suffix_width is None else suffix_width
+    idx = torch.arange(n, device=dev)
+    valid = idx < tree.num_nodes[:, None]  # [bs, N]
 
-    # A node "matches" if its token is what the target picked at its parent.
+    # A node matches if its token is what the target picked at its parent; it is accepted if
+    # every node of its root path matches. Siblings hold distinct tokens, so at most one child
+    # of a node matches: the accepted nodes are one root path.
     parent_pick = next_tokens.gather(1, tree.parents.clamp(min=0))
-    matches = (tree.parents < 0) | (tree.tokens == parent_pick)
-    matches &= valid
-    # Accepted = every node on the root path matches (siblings hold distinct tokens, so this is a path).
-    accepted = valid & ~(anc & ~matches[:, None, :]).any(dim=2)
-    last = torch.where(accepted, tree.depth, -1).argmax(dim=1)  # [bs] deepest accepted node
-    accept_lengths = tree.depth.gather(1, last[:, None]).squeeze(1) + 1
-    on_path = anc[torch.arange(bs, device=dev), last]  # [bs, N]: root..last
-    accepted_nodes = _compact(on_path, int(accept_lengths.max()))
-    bonus = next_tokens.gather(1, last[:, None]).squeeze(1)
+    mismatch = (tree.tokens != parent_pick) & (tree.parents >= 0) | ~valid
+    accepted = ~(tree.ancestors & mismatch[:, None, :]).any(dim=2)  # [bs, N]
+    last = torch.where(accepted, tree.depth, -1).argmax(dim=1, keepdim=True)  # [bs, 1]: the deepest
+    accept_lengths = tree.depth.gather(1, last).squeeze(1) + 1
+    bonus = next_tokens.gather(1, last).squeeze(1)
 
-    suffix = _rejected_suffix(tree, anc, last)
-    suffix_lengths = suffix.sum(dim=1)
-    suffix_nodes = _compact(suffix, int(suffix_lengths.max()))
+    suffix_nodes = _heavy_path(tree, valid, idx, last, suffix_width)  # [bs, S]
     safe = suffix_nodes.clamp(min=0)
     pad = suffix_nodes < 0
     return Acceptance(
         accept_lengths=accept_lengths,
-        accepted_nodes=accepted_nodes,
+        accepted_nodes=_by_depth(accepted, tree.depth, path_width),
         bonus=bonus,
         next_tokens=next_tokens,
         suffix_nodes=suffix_nodes,
-        suffix_lengths=suffix_lengths,
+        suffix_lengths=suffix_width - pad.sum(dim=1),
         suffix_tokens=tree.tokens.gather(1, safe).masked_fill(pad, 0),
         suffix_predictions=top1.gather(1, safe).masked_fill(pad, 0),
     )
 
 
-def _rejected_suffix(tree: DraftTree, anc: Tensor, last: Tensor) -> Tensor:
-    """``[bs, N]`` bool: nodes of the heavy path below ``last`` (``[bs]``).
+def _heavy_path(tree: DraftTree, valid: Tensor, idx: Tensor, last: Tensor, width: int) -> Tensor:
+    """``[bs, width]`` long: the first ``width`` nodes of the heavy path below ``last`` (``[bs, 1]``), -1 pad.
 
     Each node's *heavy child* is its child with the deepest subtree, lowest id on
-    ties. The suffix is every strict descendant of ``last`` reached through heavy
-    children only.
+    ties; the path steps from ``last`` to its heavy child ``width`` times (a fixed
+    number of gathers: the suffix store keeps ``X = max(offsets)`` entries).
     """
     bs, n = tree.tokens.shape
-    dev = tree.tokens.device
-    idx = torch.arange(n, device=dev)
-    valid = tree.valid
-    # Height of each node's subtree: deepest valid descendant's depth minus its own.
-    desc_depth = torch.where(anc & valid[:, :, None], tree.depth[:, :, None], -1)  # [b, j, i]: j under i
-    height = desc_depth.amax(dim=1) - tree.depth
+    # height of each node's subtree: its deepest descendant's depth minus its own
+    height = torch.where(tree.ancestors, tree.depth[:, :, None], 0).amax(dim=1) - tree.depth
     is_child = valid & (tree.parents >= 0)
-    key = torch.where(is_child, height * (n + 1) + (n - idx), -1)
-    best = torch.full((bs, n + 1), -1, dtype=torch.long, device=dev)
+    key = torch.where(is_child, height * (n + 1) + (n - idx), -1)  # higher is better; ids break ties low
+    best = torch.full((bs, n + 1), -1, dtype=torch.long, device=idx.device)
     best.scatter_reduce_(1, torch.where(is_child, tree.parents, n), key, reduce="amax")
-    heavy = is_child & (key == best.gather(1, tree.parents.clamp(min=0)))
+    heavy_child = torch.where(best >= 0, n - best % (n + 1), n)  # [bs, N+1]; n = none (and the spare column)
+    steps = []
+    node = last
+    for _ in range(width):  # X <= a few steps of pointer chasing, each one gather
+        node = heavy_child.gather(1, node)
+        steps.append(node)
+    path = torch.cat(steps, dim=1) if steps else last[:, :0]
+    return torch.where(path < n, path, -1)
 
-    rows = torch.arange(bs, device=dev)
-    below = anc[rows, :, last] & (idx != last[:, None])  # strict descendants of last
-    broken = (anc & (below & ~heavy)[:, None, :]).any(dim=2)  # path below last has a light node
-    return below & ~broken
 
+def _by_depth(nodes: Tensor, column: Tensor, width: int) -> Tensor:
+    """Node ids of a path laid out by depth: ``out[b, column[b, i]] = i`` for each ``nodes[b, i]``.
 
-def _compact(mask: Tensor, width: int) -> Tensor:
-    """Indices of the True entries of ``mask`` (``[bs, N]``), in order, padded with -1 to ``width``."""
-    n = mask.shape[1]
-    idx = torch.arange(n, device=mask.device)
-    order = torch.where(mask, idx, n + idx).sort(dim=1).values[:, :width]
-    return torch.where(order < n, order, -1)
+    ``nodes``: ``[bs, N]`` bool, at most one per column (a root path); ``column``: ``[bs, N]``
+    long, ``>= 0``. Columns past ``width`` are dropped; empty ones are -1.
+
+    >>> _by_depth(torch.tensor([[True, False, True, True]]), torch.tensor([[0, 1, 1, 2]]), 4).tolist()
+    [[0, 2, 3, -1]]
+    """
+    bs, n = nodes.shape
+    out = torch.full((bs, width + 1), -1, dtype=torch.long, device=nodes.device)
+    ids = torch.arange(n, device=nodes.device).expand(bs, n)
+    return out.scatter_(1, torch.where(nodes, column.clamp(max=width), width), ids)[:, :width]

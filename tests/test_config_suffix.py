@@ -43,32 +43,33 @@ def test_offsets_are_sorted_and_max_offset():
         cfg.replace(node_budget=-1)
 
 
-def suffix(n, start=10, dim=4):
-    return RejectedSuffix(start=start, tokens=torch.arange(n), predictions=torch.arange(n) + 1, features=torch.randn(n, dim))
-
-
 def test_store_caps_length_copies_and_releases():
-    store = SuffixStore(max_len=2, max_requests=2)
-    s = suffix(5)
-    store.put("a", s)
-    got = store.get("a")
-    assert len(got) == 2 and got.tokens.tolist() == [0, 1] and got.start == 10
-    assert got.features.untyped_storage().data_ptr() != s.features.untyped_storage().data_ptr()
-    assert store.nbytes == got.nbytes > 0
-    store.put("a", suffix(1))  # a new round replaces the old entry
-    assert len(store) == 1 and len(store.get("a")) == 1
-    store.put("b", suffix(0))
-    with pytest.raises(RuntimeError, match="full"):
-        store.put("c", suffix(1))
-    store.release("a")
-    store.release("a")  # releasing twice is harmless
-    store.put("c", suffix(1))
-    assert "a" not in store and "c" in store
-    store.clear()
-    assert len(store) == 0 and store.nbytes == 0
+    store = SuffixStore(num_slots=3, max_len=2, feature_dim=4)
+    nbytes = store.nbytes
+    feats = torch.randn(1, 5, 4)
+    store.put(torch.tensor([1]), torch.tensor([10]), torch.tensor([5]), torch.arange(5)[None],
+              torch.arange(5)[None] + 1, feats)
+    got = store.get(1)
+    assert len(got) == 2 and got.tokens.tolist() == [0, 1] and got.predictions.tolist() == [1, 2] and got.start == 10
+    assert torch.equal(got.features, feats[0, :2])
+    assert got.features.untyped_storage().data_ptr() != feats.untyped_storage().data_ptr()  # a copy
+    # a new round replaces the old entry, and a shorter suffix leaves no stale tokens behind
+    store.put(torch.tensor([1]), torch.tensor([12]), torch.tensor([1]), torch.tensor([[7]]), torch.tensor([[8]]),
+              torch.ones(1, 1, 4))
+    assert store.get(1).tokens.tolist() == [7] and store.tokens[1].tolist() == [7, 0]
+    assert len(store) == 1 and store.get(0) is None
+    batch = store.gather(torch.tensor([1, 0]), torch.tensor([12, 3]))
+    assert batch.lengths.tolist() == [1, 0] and batch.features.shape == (2, 2, 4)
+    assert store.gather(torch.tensor([1]), torch.tensor([11])).lengths.tolist() == [0]  # starts elsewhere: unused
+    store.retain_only(torch.tensor([0, 2]))  # request 1 left the batch: its state is gone
+    assert len(store) == 0 and store.get(1) is None
+    assert store.nbytes == nbytes  # memory is fixed at construction
+    with pytest.raises(ValueError, match="num_slots >= 1"):
+        SuffixStore(0, 2, 4)
 
 
 def test_suffix_shapes_checked():
     with pytest.raises(ValueError, match="RejectedSuffix expects"):
         RejectedSuffix(start=0, tokens=torch.arange(3), predictions=torch.arange(2), features=torch.zeros(3, 4))
-    assert len(SuffixStore.empty(5, 8)) == 0
+    assert len(RejectedSuffix(start=5, tokens=torch.zeros(0, dtype=torch.long),
+                              predictions=torch.zeros(0, dtype=torch.long), features=torch.zeros(0, 8))) == 0

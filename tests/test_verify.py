@@ -94,13 +94,17 @@ def test_chain_cases():
     # rejected at depth 1: the suffix is every chain node after the root, predictions are top-1 there
     assert first.accept_lengths.tolist() == [1] and first.bonus.tolist() == [7]
     assert first.suffix_nodes.tolist() == [[1, 2, 3]] and first.suffix_predictions.tolist() == [[3, 4, 5]]
+    # host widths: the path and the suffix have exactly the columns asked for
+    short = accept_tree(chain, torch.tensor([[7, 3, 4, 5]]), torch.tensor([[7, 3, 4, 5]]), path_width=2, suffix_width=2)
+    assert short.accepted_nodes.tolist() == [[0, -1]] and short.suffix_nodes.tolist() == [[1, 2]]
+    assert short.suffix_lengths.tolist() == [2]  # cut to the width, as the suffix store keeps it
 
 
 def test_suffix_tie_prefers_lowest_id():
     # root has two rejected children of equal height: node 1 (baseline) wins
     tree = DraftTree.from_lists([[0, 1, 2, 3, 4]], [[-1, 0, 0, 1, 2]])
     acc = accept_tree(tree, torch.tensor([[9, 0, 0, 0, 0]]), torch.zeros(1, 5, dtype=torch.long))
-    assert acc.suffix_nodes.tolist() == [[1, 3]]
+    assert acc.suffix_nodes.tolist() == [[1, 3, -1, -1]] and acc.suffix_lengths.tolist() == [2]
 
 
 def test_sampling_acceptance_reproduces_target_distribution():

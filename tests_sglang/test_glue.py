@@ -8,7 +8,7 @@
 - the commit plan's KV moves, run by SGLang's ``move_kv_cache_native``, leave the
   accepted path at the front of the window;
 - the per-slot suffix store survives batch filter/merge/reorder like a per-request
-  dictionary (`SuffixStore`) does.
+  dictionary does.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_reanchor import ReAnchorConfig, SuffixStore, RejectedSuffix
+from sglang_reanchor import ReAnchorConfig, RejectedSuffix, SuffixStore
 from sglang_reanchor.drafter import multi_anchor_mask
-from sglang_reanchor.srt.layout import cap_tree, commit_plan, draft_window, verify_inputs
-from sglang_reanchor.srt.suffix_slots import SlotSuffixStore
+from sglang_reanchor.round import commit_plan, draft_anchors
+from sglang_reanchor.srt.layout import cap_tree, draft_window, verify_inputs
+from sglang_reanchor.suffix import SuffixBatch
 from sglang_reanchor.tree import build_draft_tree
 from sglang_reanchor.verify import accept_tree
 
@@ -39,6 +40,12 @@ def random_trees(gen: torch.Generator, bs: int, block: int, offsets: tuple[int, 
     rejected = torch.randint(0, vocab, (bs, max(offsets)), generator=gen)
     config = ReAnchorConfig(offsets=offsets, policy=policy, node_budget=int(torch.randint(8, 40, (1,), generator=gen)))
     return build_draft_tree(baseline, shifted, torch.tensor(offsets), row_valid, rejected, config)
+
+
+def host(prefix_lens) -> dict:
+    """The host numbers of a batch's committed lengths (SGLang's ``seq_lens_cpu``)."""
+    p = torch.as_tensor(prefix_lens)
+    return dict(max_prefix=int(p.max()), prefix_sum=int(p.sum()))
 
 
 def accept_along_tree(gen: torch.Generator, tree, vocab: int) -> torch.Tensor:
@@ -66,14 +73,13 @@ def test_retrieve_arrays_drive_sglang_greedy_tree_verify(seed):
     acc = accept_tree(tree, picks, picks)
 
     bs, n = tree.tokens.shape
-    vin = verify_inputs(tree, torch.zeros(bs, dtype=torch.long))
+    index, next_token, next_sibling = tree.retrieve_arrays()
     depth = int(tree.depth.max()) + 1
     predicts = torch.full((bs * n,), -1, dtype=torch.long)
     accept_index = torch.full((bs, depth + 1), -1, dtype=torch.long)
     accept_num = torch.zeros(bs, dtype=torch.long)
     verify_tree_greedy_triton(predicts, accept_index, accept_num, tree.tokens.clone(),
-                              vin.retrieve_index.clone(), vin.retrieve_next_token.clone(),
-                              vin.retrieve_next_sibling.clone(), picks.clone())
+                              index.clone(), next_token.clone(), next_sibling.clone(), picks.clone())
     assert (accept_num + 1).tolist() == acc.accept_lengths.tolist()
     for b in range(bs):
         t = int(acc.accept_lengths[b])
@@ -120,7 +126,7 @@ def test_verify_mask_in_sglang_extend_kernel():
     tree = random_trees(gen, bs=2, block=6, offsets=(1, 2), vocab=4, policy="offset")
     bs, n = tree.tokens.shape
     prefix_lens = [5, 9]
-    vin = verify_inputs(tree, torch.tensor(prefix_lens))
+    vin = verify_inputs(tree, torch.tensor(prefix_lens), **host(prefix_lens))
     heads, kv_heads, dim = 4, 2, 16
     q = torch.randn(bs * n, heads, dim, generator=gen)
     k_new, v_new = torch.randn(bs * n, kv_heads, dim, generator=gen), torch.randn(bs * n, kv_heads, dim, generator=gen)
@@ -139,8 +145,10 @@ def test_draft_window_mask_needs_the_prefix_mask_in_sglang_extend_kernel():
     gen = torch.Generator().manual_seed(1)
     block, offsets = 4, (1, 2, 3)
     prefix = torch.tensor([6, 3])
-    win = draft_window(prefix, torch.tensor([5, 7]), torch.tensor([3, 1]), torch.tensor([[8, 9, 10], [11, 12, 13]]),
-                       offsets, block, mask_token_id=0)
+    suffix = SuffixBatch(torch.tensor([3, 1]), torch.zeros(2, 3, dtype=torch.long),
+                         torch.tensor([[8, 9, 10], [11, 12, 13]]), torch.zeros(2, 3, 1))
+    anchors = draft_anchors(torch.tensor([5, 7]), prefix, suffix, torch.tensor(offsets), fill_token=0)
+    win = draft_window(prefix, anchors, max(offsets), block, 0, **host(prefix))
     bs, nq = win.input_ids.shape
     extra = max(offsets)
     heads, kv_heads, dim = 2, 1, 16
@@ -171,7 +179,7 @@ def test_commit_moves_with_sglang_move_kv_cache(seed):
     picks = accept_along_tree(gen, tree, vocab=4)
     acc = accept_tree(tree, picks, picks)
     bs, n = tree.tokens.shape
-    plan = commit_plan(tree, acc, torch.tensor([3, 0, 7]), stride=2 * 6)
+    plan = commit_plan(tree, acc, torch.tensor([3, 0, 7]), stride=n)  # bs * N moves, identity ones included
     slots = torch.randperm(200, generator=gen)[: bs * n].view(bs, n) + 1  # the verify window in the pool
     k_buf = [torch.randn(202, 2, 8, generator=gen) for _ in range(2)]
     v_buf = [torch.randn(202, 2, 8, generator=gen) for _ in range(2)]
@@ -183,15 +191,15 @@ def test_commit_moves_with_sglang_move_kv_cache(seed):
             node = int(acc.accepted_nodes[b, k])
             for layer in range(2):
                 assert torch.equal(k_buf[layer][slots[b, k]], before[layer][slots[b, node]])
-    assert plan.out_tokens.shape == (bs, 12)
+    assert plan.out_tokens.shape == (bs, n) and plan.move_src.shape == (bs * n,)
     assert plan.new_seq_lens.tolist() == (torch.tensor([3, 0, 7]) + acc.accept_lengths).tolist()
 
 
 def test_slot_store_follows_requests_through_filter_merge_and_reorder():
     rng = random.Random(0)
     dim, max_len, slots_total = 4, 3, 10
-    store = SlotSuffixStore(slots_total, max_len, dim)
-    oracle = SuffixStore(max_len=max_len, max_requests=100)  # keyed by request, as the reference engine
+    store = SuffixStore(slots_total, max_len, dim)
+    oracle: dict[str, RejectedSuffix] = {}  # keyed by request
     free = list(range(slots_total))
     running: dict[str, int] = {}  # request -> slot
     seq_len: dict[str, int] = {}
@@ -201,18 +209,19 @@ def test_slot_store_follows_requests_through_filter_merge_and_reorder():
             rid, slot = f"r{step}", free.pop(rng.randrange(len(free)))
             running[rid], seq_len[rid] = slot, rng.randrange(1, 50)
             store.reset(torch.tensor([slot]))
-            oracle.release(rid)
+            oracle.pop(rid, None)
         elif op < 0.35 and running:  # finish / abort / retract: the request leaves the batch
             rid = rng.choice(sorted(running))
             free.append(running.pop(rid))
-            oracle.release(rid)
+            oracle.pop(rid, None)
         elif running:  # a decode round over the running batch, in a scheduler-chosen order
             order = sorted(running)
             rng.shuffle(order)
             slots = torch.tensor([running[r] for r in order])
             prefix = torch.tensor([seq_len[r] for r in order])
             store.retain_only(slots)
-            lengths, tokens, preds, feats = store.gather(slots, prefix)
+            got = store.gather(slots, prefix)
+            lengths, tokens, feats = got.lengths, got.tokens, got.features
             for i, rid in enumerate(order):
                 want = oracle.get(rid)
                 n = len(want) if want is not None and want.start == seq_len[rid] else 0
@@ -231,17 +240,17 @@ def test_slot_store_follows_requests_through_filter_merge_and_reorder():
             starts = torch.tensor([seq_len[r] for r in order])
             store.put(slots, starts, new_lens, new_tok, new_pred, new_feat)
             for i, rid in enumerate(order):
-                n = int(new_lens[i])
-                oracle.put(rid, RejectedSuffix(start=seq_len[rid], tokens=new_tok[i, :n],
-                                               predictions=new_pred[i, :n], features=new_feat[i, :n]))
+                n = min(int(new_lens[i]), max_len)  # the store keeps at most max_len entries
+                oracle[rid] = RejectedSuffix(start=seq_len[rid], tokens=new_tok[i, :n],
+                                             predictions=new_pred[i, :n], features=new_feat[i, :n])
 
 
 def test_a_stale_suffix_is_never_drafted_from():
-    store = SlotSuffixStore(4, 2, 3)
+    store = SuffixStore(4, 2, 3)
     store.put(torch.tensor([1]), torch.tensor([10]), torch.tensor([2]), torch.ones(1, 2, dtype=torch.long),
               torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, 3))
-    assert store.gather(torch.tensor([1]), torch.tensor([10]))[0].tolist() == [2]
-    assert store.gather(torch.tensor([1]), torch.tensor([11]))[0].tolist() == [0]  # another start: ignored
+    assert store.gather(torch.tensor([1]), torch.tensor([10])).lengths.tolist() == [2]
+    assert store.gather(torch.tensor([1]), torch.tensor([11])).lengths.tolist() == [0]  # another start: ignored
     store.retain_only(torch.tensor([0, 2]))
     assert store.get(1) is None and len(store) == 0
 
@@ -254,7 +263,7 @@ def test_a_capped_tree_accepts_the_kept_part_of_the_full_path(seed):
     picks = accept_along_tree(gen, tree, vocab=4)
     full = accept_tree(tree, picks, picks)
     caps = torch.randint(1, tree.width + 1, (4,), generator=gen)
-    capped = cap_tree(tree, caps)
+    capped = cap_tree(tree, caps, width=int(caps.max()))
     assert capped.width == min(tree.width, int(caps.max()))
     assert (capped.num_nodes == torch.minimum(tree.num_nodes, caps)).all()
     acc = accept_tree(capped, picks[:, : capped.width], picks[:, : capped.width])

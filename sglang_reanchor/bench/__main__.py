@@ -1,4 +1,4 @@
-"""CLI: ``python -m sglang_reanchor.bench [run|cost] ...``.
+"""CLI: ``python -m sglang_reanchor.bench [run|cost|merge|round-ops] ...``.
 
 ``run`` (the default) compares methods on datasets and writes ``results.md``,
 ``results.json`` and ``acceptance_histogram.png`` into ``--out``::
@@ -13,6 +13,11 @@ predicts tokens/s per (policy, offsets, node budget, depth cap) and writes ``cos
 (load it with ``run --profile``), ``cost.md`` and ``cost_curve.png``::
 
     python -m sglang_reanchor.bench cost --out results/cost
+
+``round-ops`` counts the round core's host syncs and torch ops per step (no model;
+`sglang_reanchor.bench.round_ops`)::
+
+    python -m sglang_reanchor.bench round-ops --out results/round_ops
 
 ``merge`` joins the ``results.json`` of runs split across processes (e.g. one per
 dataset, same methods and settings) into one report::
@@ -233,6 +238,10 @@ def cmd_merge(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["round-ops"]:  # no model: its own small CLI
+        from . import round_ops
+
+        return round_ops.main(argv[1:])
     args = parse_args(argv)
     keep_freed_memory()  # the same allocator settings for every method (sglang_reanchor.runtime)
     commands = {"cost": cmd_cost, "merge": cmd_merge}

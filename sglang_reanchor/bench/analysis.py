@@ -203,9 +203,10 @@ class DiagnosticGenerator(SpeculativeGenerator):
 
     def _build_tree(self, draft: _Draft, node_budget: int, tree_rng: torch.Generator) -> DraftTree:
         del node_budget, tree_rng  # lifted: every site of every row is verified, none drawn
-        base, rows = draft.blocks[:, 0], draft.blocks[:, 1:]  # [1, B], [1, R, B]
+        blocks, offsets, rejected = draft.valid_rows()
+        base, rows = blocks[:, 0], blocks[:, 1:]  # [1, B], [1, R, B]
         dup_rows, dup_offsets, dup_sites = [], [], []
-        for r, d in enumerate(draft.offsets):
+        for r, d in enumerate(offsets):
             matches = [j for j in range(1, base.shape[1]) if int(base[0, j]) == int(rows[0, r, 0])]
             for j in matches[:MAX_SITES]:  # sites j >= 1, as in `earliest_win`
                 dup_rows.append(rows[0, r])
@@ -219,7 +220,7 @@ class DiagnosticGenerator(SpeculativeGenerator):
             torch.stack(dup_rows)[None],
             offsets=torch.tensor(dup_offsets, dtype=torch.long, device=dev),
             row_valid=torch.ones(1, len(dup_rows), dtype=torch.bool, device=dev),
-            rejected_tokens=draft.rejected_tokens,
+            rejected_tokens=rejected,
             config=self.config.replace(node_budget=DIAGNOSTIC_BUDGET, region="all"),
             sites=torch.tensor([dup_sites], dtype=torch.long, device=dev),
         )

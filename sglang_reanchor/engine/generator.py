@@ -23,7 +23,6 @@ it costs nothing.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,15 +35,17 @@ from ..budget import BudgetPolicy
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, DraftVocabHead, draft_blocks
 from ..sampling import SamplingParams, TokenDraw
-from ..suffix import RejectedSuffix, SuffixStore
-from ..tree import DraftTree, build_draft_tree
-from ..verify import Acceptance, accept_tree
+from ..round import CommitPlan, DraftAnchors, RoundCore
+from ..suffix import SuffixBatch, SuffixStore
+from ..tree import DraftTree
+from ..verify import Acceptance
 from .target import TargetModel
 
 __all__ = ["METHODS", "GenerationResult", "RoundTrace", "SpeculativeGenerator"]
 
 Method = Literal["target", "dflash", "reanchor"]
 METHODS: tuple[str, ...] = ("target", "dflash", "reanchor")
+ENGINE_SLOTS = 64  # concurrent generate() calls holding a rejected suffix (bounded by config.max_requests)
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,18 @@ class RoundTrace:
 class _Draft:
     """One drafter forward's output for one request, before it becomes a tree."""
 
-    blocks: Tensor  # [1, 1 + R, 1 + n] long: row 0 baseline, row r shifted (anchor a_d first)
-    offsets: list[int]  # [R]: d of each shifted row
-    rejected_tokens: Tensor  # [1, L] long: rejected suffix tokens (L = 0 when none)
+    blocks: Tensor  # [1, 1 + R, 1 + n] long: row 0 baseline, row r shifted (anchor a_d first); R fixed
+    anchors: DraftAnchors  # the blocks' anchors; anchors.row_valid [1, R]: rows the suffix reaches
+    suffix: SuffixBatch  # the rejected suffix the shifted rows drafted from (X entries)
+    offsets: tuple[int, ...]  # [R]: d of each shifted row (the config's, valid or not)
+
+    def valid_rows(self) -> tuple[Tensor, list[int], Tensor]:
+        """``(blocks [1, 1 + R', 1 + n], offsets [R'], rejected_tokens [1, L])`` of the rows the
+        suffix reached, and the suffix's tokens: a host read, for traces and analyses."""
+        keep = [r for r, ok in enumerate(self.anchors.row_valid[0].tolist()) if ok]
+        rows = torch.tensor([0] + [1 + r for r in keep], device=self.blocks.device)
+        length = int(self.suffix.lengths[0])
+        return self.blocks[:, rows], [self.offsets[r] for r in keep], self.suffix.tokens[:, :length]
 
 
 @dataclass
@@ -115,7 +125,7 @@ class GenerationResult:
 class _Request:
     """Per-request decoding state (one sequence)."""
 
-    id: str
+    slot: int  # its row of the suffix store
     cache: object  # the target's DynamicCache, holding positions [0, seq_len)
     draft_cache: DraftContextCache  # drafter context K/V, positions [0, seq_len)
     seq_len: int  # s: committed tokens whose KV is cached
@@ -161,7 +171,6 @@ class SpeculativeGenerator:
         self.config = config or ReAnchorConfig()
         self.tokenizer = tokenizer
         self.budget_policy = budget_policy
-        self.suffixes = SuffixStore(max_len=self.config.max_offset, max_requests=self.config.max_requests)
         self._tree_rng = torch.Generator().manual_seed(self.config.seed)
         # query slots per block, and drafts read from them: nodes past max_depth are never verified
         block = drafter.block_size
@@ -172,6 +181,15 @@ class SpeculativeGenerator:
         width = self._num_slots or block
         self._num_drafts = min(self.config.max_depth or width - 1, width - 1)
         self._eos = self._eos_ids()
+        dev = self.target.device
+        self.core = RoundCore(self.config, self._num_drafts, dev)
+        # one suffix slot per concurrent generate() call, up to config.max_requests of them
+        self.suffixes = SuffixStore(min(self.config.max_requests, ENGINE_SLOTS), self.config.max_offset,
+                                    drafter.fc.in_features, device=dev, dtype=self.target.dtype)
+        self._free_slots = list(range(self.suffixes.num_slots))
+        # On a CPU a host read costs nothing and every padding node is a verified token: trees are
+        # cut to their real width there. Elsewhere the round keeps its fixed shapes.
+        self._trim_trees = dev.type == "cpu"
 
     @classmethod
     def from_pretrained(
@@ -232,11 +250,15 @@ class SpeculativeGenerator:
         # policy="random" draws its sites from here: a given seed reproduces the whole run
         tree_rng = self._tree_rng if seed is None else torch.Generator().manual_seed(
             (self.config.seed * 1_000_003 + seed) % 2**63)
-        request_id = uuid.uuid4().hex
+        if not self._free_slots:
+            raise RuntimeError(f"{self.suffixes.num_slots} generate() calls already hold a rejected suffix "
+                               "(ReAnchorConfig.max_requests caps them)")
+        slot = self._free_slots.pop()
         try:
-            return self._speculate(prompt, max_new_tokens, method, draw, request_id, trace, tree_rng)
-        finally:
-            self.suffixes.release(request_id)  # finished, failed or interrupted: free its state
+            return self._speculate(prompt, max_new_tokens, method, draw, slot, trace, tree_rng)
+        finally:  # finished, failed or interrupted: its state is freed, the slot is free again
+            self.suffixes.reset(torch.tensor([slot], device=self.target.device))
+            self._free_slots.append(slot)
 
     # ---- the decoding loop --------------------------------------------------------
 
@@ -247,12 +269,12 @@ class SpeculativeGenerator:
         max_new: int,
         method: str,
         draw: TokenDraw,
-        request_id: str,
+        slot: int,
         trace: bool = False,
         tree_rng: torch.Generator | None = None,
     ) -> GenerationResult:
         t0 = time.perf_counter()
-        req = self._prefill(prompt, draw, request_id, with_drafter=method != "target")
+        req = self._prefill(prompt, draw, slot, with_drafter=method != "target")
         out, taus, sizes, shifted_hits = [req.bonus], [], [], []
         rounds: list[RoundTrace] | None = [] if trace else None
         budget = self.budget_policy.start() if self.budget_policy and method == "reanchor" else None
@@ -266,15 +288,19 @@ class SpeculativeGenerator:
             # one drafter forward, then one target forward over every node
             tree, draft = self._propose(req, shifted=method == "reanchor", node_budget=node_budget,
                                         tree_rng=tree_rng or self._tree_rng)
+            if self._trim_trees:
+                tree = tree.trimmed()
             positions = tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device))
-            verified = self.target.forward(tree.tokens, positions, req.cache, tree.ancestor_mask()[0])
+            verified = self.target.forward(tree.tokens, positions, req.cache, tree.ancestors[0])
             top1 = verified.logits.argmax(-1)
-            acc = accept_tree(tree, top1 if draw.params.greedy else draw(verified.logits[0], positions[0])[None], top1)
+            acc = self.core.accept(tree, top1 if draw.params.greedy else draw(verified.logits[0], positions[0])[None],
+                                   top1)
             if rounds is not None:
                 rounds.append(_trace_round(req.seq_len, tree, draft, acc, verified.logits))
-            out += acc.new_tokens(tree)[0]
-            self._commit(req, tree, acc, verified.features)
-            taus.append(int(acc.accept_lengths[0]))
+            plan = self.core.commit(tree, acc, torch.tensor([req.seq_len], device=tree.tokens.device))
+            taus.append(int(plan.commit_lens[0]))
+            out += plan.out_tokens[0, : taus[-1]].tolist()
+            self._commit(req, acc, plan, verified.features)
             sizes.append(int(tree.num_nodes[0]))
             path = acc.accepted_nodes[0, : taus[-1]]
             shifted_hits.append(int((tree.source_row[0, path] > 0).sum()))
@@ -297,7 +323,7 @@ class SpeculativeGenerator:
     # ---- steps --------------------------------------------------------------------
 
     def _prefill(
-        self, prompt: Tensor, draw: TokenDraw, request_id: str, *, with_drafter: bool
+        self, prompt: Tensor, draw: TokenDraw, slot: int, *, with_drafter: bool
     ) -> _Request:
         """Run the prompt through the target; sample the first token; seed the drafter context."""
         cache = self.target.new_cache()
@@ -308,7 +334,7 @@ class SpeculativeGenerator:
         draft_cache = DraftContextCache()
         if with_drafter:
             draft_cache.append(self.drafter.project_context(out.features, positions.to(self.target.device)))
-        return _Request(id=request_id, cache=cache, draft_cache=draft_cache, seq_len=n, bonus=first)
+        return _Request(slot=slot, cache=cache, draft_cache=draft_cache, seq_len=n, bonus=first)
 
     def _decode_one(self, req: _Request, draw: TokenDraw) -> int:
         """Plain decoding: feed the last token, sample the next."""
@@ -323,61 +349,48 @@ class SpeculativeGenerator:
                  tree_rng: torch.Generator) -> tuple[DraftTree, _Draft]:
         """Draft the baseline block (and, for ReAnchor, the shifted blocks) in one forward;
         ReAnchor's tree keeps at most ``node_budget`` nodes."""
-        s, dev = req.seq_len, self.target.device
-        suffix = self.suffixes.get(req.id) if shifted else None
-        length = len(suffix) if suffix is not None else 0
-        offsets = [d for d in self.config.offsets if d <= length]
-        anchors = [req.bonus] + [int(suffix.predictions[d - 1]) for d in offsets]
-        extra = suffix.features[None, : max(offsets)] if offsets else None
+        dev = self.target.device
+        prefix = torch.tensor([req.seq_len], device=dev)
+        bonus = torch.tensor([req.bonus], device=dev)
+        suffix = self.suffixes.gather(torch.tensor([req.slot], device=dev), prefix)
+        if not shifted:  # DFlash: the baseline block alone, no suffix read
+            suffix = SuffixBatch(suffix.lengths * 0, suffix.tokens[:, :0], suffix.predictions[:, :0],
+                                 suffix.features[:, :0])
+            anchors = DraftAnchors(bonus[:, None], prefix[:, None], torch.zeros_like(prefix)[:, None],
+                                   torch.zeros(1, 0, dtype=torch.bool, device=dev))
+        else:
+            anchors = self.core.anchors(bonus, prefix, suffix, fill_token=self.drafter.mask_token_id)
         blocks = draft_blocks(
             self.drafter,
             req.draft_cache,
-            anchors=torch.tensor([anchors], device=dev),
-            anchor_positions=torch.tensor([[s] + [s + d for d in offsets]], device=dev),
-            extra_features=extra,
-            extra_visible=torch.tensor([[0] + offsets], device=dev),
+            anchors=anchors.tokens,
+            anchor_positions=anchors.positions,
+            extra_features=suffix.features if suffix.features.shape[1] else None,
+            extra_visible=anchors.visible,
             embed_tokens=self.target.embed_tokens,
             lm_head=self.draft_head,
             num_drafts=self._num_drafts,
             num_slots=self._num_slots,
         )  # [1, 1 + R, 1 + n]: n = B - 1 drafts, or max_depth
-        rejected = suffix.tokens[None] if suffix is not None else torch.zeros(1, 0, dtype=torch.long, device=dev)
-        draft = _Draft(blocks=blocks, offsets=offsets, rejected_tokens=rejected)
+        draft = _Draft(blocks=blocks, anchors=anchors, suffix=suffix,
+                       offsets=self.config.offsets if shifted else ())
         return (self._build_tree(draft, node_budget, tree_rng) if shifted else DraftTree.chain(blocks[:, 0])), draft
 
     def _build_tree(self, draft: _Draft, node_budget: int, tree_rng: torch.Generator) -> DraftTree:
         """Attach the shifted rows to the baseline chain (``self.config``'s policy)."""
-        dev = draft.blocks.device
-        config = self.config if node_budget == self.config.node_budget else self.config.replace(node_budget=node_budget)
-        return build_draft_tree(
-            draft.blocks[:, 0],
-            draft.blocks[:, 1:],
-            offsets=torch.tensor(draft.offsets, dtype=torch.long, device=dev),
-            row_valid=torch.ones(1, len(draft.offsets), dtype=torch.bool, device=dev),
-            rejected_tokens=draft.rejected_tokens,
-            config=config,
-            generator=tree_rng,
-        )
+        return self.core.tree(draft.blocks, draft.anchors, draft.suffix, node_budget, generator=tree_rng)
 
-    def _commit(self, req: _Request, tree: DraftTree, acc: Acceptance, features: Tensor) -> None:
+    def _commit(self, req: _Request, acc: Acceptance, plan: CommitPlan, features: Tensor) -> None:
         """Keep the accepted path in both caches; store the rejected suffix for the next round."""
-        s, t = req.seq_len, int(acc.accept_lengths[0])
-        path = acc.accepted_nodes[0, :t]
+        s, t = req.seq_len, int(plan.commit_lens[0])
+        path = plan.path_nodes[0, :t]
         self.target.keep_tokens(req.cache, s, path)
         positions = torch.arange(s, s + t, device=self.target.device)[None]
         req.draft_cache.append(self.drafter.project_context(features[:, path], positions))
         req.seq_len, req.bonus = s + t, int(acc.bonus[0])
         if self.config.max_offset:
-            nodes = acc.suffix_nodes[0, : int(acc.suffix_lengths[0])]
-            self.suffixes.put(
-                req.id,
-                RejectedSuffix(
-                    start=req.seq_len,
-                    tokens=tree.tokens[0, nodes],
-                    predictions=acc.suffix_predictions[0, : nodes.shape[0]],
-                    features=features[0, nodes],
-                ),
-            )
+            self.suffixes.put(torch.tensor([req.slot], device=self.target.device),
+                              *self.core.next_suffix(acc, plan, features))
 
     # ---- helpers ------------------------------------------------------------------
 
@@ -429,12 +442,13 @@ def _trace_round(seq_len: int, tree: DraftTree, draft: _Draft, acc: Acceptance, 
     """The `RoundTrace` of one verify round (batch 1; ``logits``: ``[1, N, V]``), copied to CPU."""
     cpu = torch.device("cpu")
     t = int(acc.accept_lengths[0])
+    blocks, offsets, rejected = draft.valid_rows()
     return RoundTrace(
         seq_len=seq_len,
-        tree=DraftTree(**{f: getattr(tree, f).to(cpu) for f in DraftTree.__dataclass_fields__}),
-        blocks=draft.blocks[0].to(cpu),
-        offsets=tuple(draft.offsets),
-        rejected_tokens=draft.rejected_tokens[0].to(cpu),
+        tree=tree.to(cpu),
+        blocks=blocks[0].to(cpu),
+        offsets=tuple(offsets),
+        rejected_tokens=rejected[0].to(cpu),
         top1=logits[0].argmax(-1).to(cpu),
         next_tokens=acc.next_tokens[0].to(cpu),
         accepted_nodes=acc.accepted_nodes[0, :t].to(cpu),

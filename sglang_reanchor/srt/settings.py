@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..config import ReAnchorConfig
+from ..round import RoundCore
 
 __all__ = ["ENV_VAR", "ServingWidths", "load_config", "parse_config", "serving_widths"]
 
@@ -99,20 +100,15 @@ class ServingWidths:
         """``X + Q``: req_to_token columns the draft window writes past ``s``."""
         return self.extra_rows + self.draft_queries
 
-    max_depth: int  # deepest verified node: 2B - 1, or the config's max_depth
-
-    @property
-    def output_stride(self) -> int:
-        """Most tokens one request commits in a round: a path reaches depth ``<= max_depth``."""
-        return min(self.verify_nodes, self.max_depth + 1)
+    output_stride: int  # most tokens one request commits in a round (`RoundCore.min_stride`)
 
 
 def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
     """Widths for a drafter of block size ``block_size``.
 
     >>> w = serving_widths(ReAnchorConfig(), 16)
-    >>> w.draft_queries, w.extra_rows, w.verify_nodes, w.reserve_width
-    (64, 3, 48, 67)
+    >>> w.draft_queries, w.extra_rows, w.verify_nodes, w.reserve_width, w.output_stride
+    (64, 3, 48, 67, 32)
     """
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")
@@ -120,5 +116,6 @@ def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
     extra = config.max_offset
     queries = rows * block_size
     nodes = config.node_budget
-    depth = min(2 * block_size - 1, config.max_depth or 2 * block_size)
-    return ServingWidths(block_size, rows, extra, queries, nodes, max(nodes, extra + queries), depth)
+    drafts = min(config.max_depth or block_size - 1, block_size - 1)
+    stride = RoundCore.min_stride(config, drafts, max_nodes=nodes)
+    return ServingWidths(block_size, rows, extra, queries, nodes, max(nodes, extra + queries), stride)

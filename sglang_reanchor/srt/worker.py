@@ -63,16 +63,17 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
 from ..budget import BatchBudget
-from ..tree import DraftTree, build_draft_tree
-from ..verify import Acceptance, accept_tree
+from ..round import CommitPlan, DraftAnchors, RoundCore
+from ..suffix import SuffixBatch, SuffixStore
+from ..tree import DraftTree
+from ..verify import Acceptance
 from .cpu_compat import install_reanchor_hooks
 from .context_end import install as install_context_end
 from .context_end import check_reserved, reserved_columns, round_room, set_row_width
-from .layout import cap_tree, commit_plan, draft_window, verify_inputs
+from .layout import cap_tree, draft_window, verify_inputs
 from .node_sampling import adjust_node_logits, emitted_support, node_picks
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
-from .suffix_slots import SlotSuffixStore
 
 __all__ = ["ReAnchorWorker"]
 
@@ -118,8 +119,14 @@ class ReAnchorWorker(DFlashWorkerV2):
         install_context_end()  # SGLang's reservation stops at the req_to_token row's end (context_end)
         fc = self.draft_model.fc
         self._feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
-        self._suffixes: SlotSuffixStore | None = None  # built once SGLang has allocated its pools
+        self._suffixes: SuffixStore | None = None  # built once SGLang has allocated its pools
         self._tree_rng = torch.Generator(device="cpu").manual_seed(self.reanchor.seed)
+        self.core = RoundCore(self.reanchor, self._num_drafts, self.device, max_nodes=self.widths.verify_nodes,
+                              generator=self._tree_rng)
+        assert self.core.stride == self.widths.output_stride
+        # On a CPU a host read costs nothing and every padding node is a verified token: trees are
+        # cut to their real width there (one read a round). On a GPU the round keeps its fixed shapes.
+        self._trim_trees = str(self.device) == "cpu"
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         self._trace_path = os.environ.get(TRACE_ENV, "")
         self._batch_budget = self._load_batch_budget()
@@ -136,10 +143,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         logger.info("REANCHOR worker: %s; widths %s", self.reanchor, self.widths)
 
     @property
-    def suffixes(self) -> SlotSuffixStore:
+    def suffixes(self) -> SuffixStore:
         """Rejected suffixes by ``req_pool_idx`` (allocated on first use)."""
         if self._suffixes is None:
-            self._suffixes = SlotSuffixStore(
+            self._suffixes = SuffixStore(
                 num_slots=int(self.model_runner.req_to_token_pool.size) + 1,
                 max_len=self.widths.extra_rows,
                 feature_dim=self._feature_dim,
@@ -175,31 +182,33 @@ class ReAnchorWorker(DFlashWorkerV2):
         slots = batch.req_pool_indices
         prefix = batch.seq_lens.long()
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
+        host = dict(max_prefix=int(seq_lens_cpu.max()), prefix_sum=int(seq_lens_cpu.sum()))  # host numbers
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         self.suffixes.retain_only(slots)  # finished, aborted, retracted requests left the batch
-        lengths, sfx_tokens, sfx_preds, sfx_feats = self.suffixes.gather(slots, prefix)
+        suffix = self.suffixes.gather(slots, prefix)
         # near the row's end the window and the tree shrink to the columns left (context_end)
         budget = self._round_node_budget(bs)
         room = round_room(seq_lens_cpu, int(req_to_token.shape[1]), self.widths.draft_columns, budget)
         # a short reservation fails here, before any write, not as a write into someone else's slots
         check_reserved(reserved_columns(batch.reqs, seq_lens_cpu), room.writes, batch.reqs)
 
-        blocks, row_valid = self._draft(batch, room.drafted, prefix, lengths, sfx_preds, sfx_feats)
-        tree = build_draft_tree(
-            blocks[:, 0], blocks[:, 1:],
-            offsets=torch.tensor(self.reanchor.offsets, dtype=torch.long, device=blocks.device),
-            row_valid=row_valid, rejected_tokens=sfx_tokens, config=self.reanchor, generator=self._tree_rng,
-        )
+        # --- draft: the 1 + R blocks of every request in one drafter forward, then the tree
+        anchors = self.core.anchors(batch.spec_info.bonus_tokens.view(-1), prefix, suffix, int(self._mask_token_id))
+        blocks, anchors = self._draft(batch, room.drafted, prefix, seq_lens_cpu, anchors, suffix)
+        tree = self.core.tree(blocks, anchors, suffix, budget)
+        if self._trim_trees:
+            tree = tree.trimmed()
         # room lives on the host (from seq_lens_cpu): these checks read no device memory
-        if not bool(room.drafted.all()) or int(room.node_caps.max()) < tree.width:
-            tree = cap_tree(tree, room.node_caps)
+        cap = int(room.node_caps.max())
+        if not bool(room.drafted.all()) or cap < tree.width:
+            tree = cap_tree(tree, room.node_caps, width=min(cap, tree.width))
         grammar_tree = None
         if batch.has_grammar:  # the tree's pointers on the host, copied before the verify launch
             _, next_token, next_sibling = tree.retrieve_arrays()
             grammar_tree = GrammarTree.from_device(next_token, next_sibling, tree.tokens)
 
         # --- verify: one target forward over the tree
-        vin = verify_inputs(tree, prefix, max_prefix=int(seq_lens_cpu.max()))
+        vin = verify_inputs(tree, prefix, **host)
         width = tree.width
         verify_loc = req_to_token[slots[:, None], vin.columns].long()  # [bs, N]
         translator = self.target_worker.model_runner.kv_index_translator
@@ -230,44 +239,41 @@ class ReAnchorWorker(DFlashWorkerV2):
         acc = self._accept(tree, logits, vin.positions.view(bs, width), batch.sampling_info)
         if self._batch_budget is not None:  # synced picks: every rank learns the same tau(b)
             self._batch_budget.observe(acc.accepted_nodes, budget)
-        commit = commit_plan(tree, acc, prefix, stride=self.widths.output_stride)
+        commit = self.core.commit(tree, acc, prefix)
         if batch.return_logprob:
             self._output_logprobs(batch, logits_output, logits, commit)
         info = batch.sampling_info
         if info is not None and info.sampling_mask_batch_indices is not None:
             logits_output.sampling_mask_output = self._sampling_mask_output(info, logits, commit)
 
-        # --- commit: target KV of the accepted path to the front of the window
+        # --- commit: target KV of the accepted path to the front of the window (bs * T moves,
+        # identity ones included: a fixed-size list)
         window = verify_loc.reshape(-1)
-        if commit.move_src.numel():
-            src, dst = window[commit.move_src], window[commit.move_dst]
-            pool = self.model_runner.token_to_kv_pool
-            if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
-                move_kv_cache_native(pool.k_buffer, pool.v_buffer, dst, src)
-            else:
-                pool.move_kv_cache(dst, src)
+        src, dst = window[commit.move_src], window[commit.move_dst]
+        pool = self.model_runner.token_to_kv_pool
+        if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
+            move_kv_cache_native(pool.k_buffer, pool.v_buffer, dst, src)
+        else:
+            pool.move_kv_cache(dst, src)
 
         # --- features of the committed rows into the draft KV; the rejected suffix out
         hidden = logits_output.hidden_states.view(bs, width, -1)
         dim = hidden.shape[-1]
+        accept_lens = commit.commit_lens.to(torch.int32)
         path = commit.path_nodes  # [bs, T]
         commit_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, dim))
         commit_ids = self._draft_write_ids(plan).view(bs, width)[:, : path.shape[1]]
         positions = prefix[:, None] + torch.arange(path.shape[1], device=prefix.device)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=commit_hidden.reshape(-1, dim), cache_loc=commit_ids.reshape(-1),
-            cache_loc_2d=commit_ids, positions=positions.reshape(-1), commit_lens=commit.commit_lens,
+            cache_loc_2d=commit_ids, positions=positions.reshape(-1), commit_lens=accept_lens,
         )
-        nodes = acc.suffix_nodes.clamp(min=0)
-        self.suffixes.put(
-            slots, starts=commit.new_seq_lens, lengths=acc.suffix_lengths, tokens=acc.suffix_tokens,
-            predictions=acc.suffix_predictions, features=hidden.gather(1, nodes[:, :, None].expand(-1, -1, dim)),
-        )
+        self.suffixes.put(slots, *self.core.next_suffix(acc, commit, hidden))
         # the scheduler copies these to the host: only for requests that asked for them
         logits_output.hidden_states = (self._emitted_hidden_states(logits_output, commit, bs, width)
                                        if batch.return_hidden_states else None)
         if self._trace_path:
-            self._trace(batch, tree, acc, lengths)
+            self._trace(batch, tree, acc, suffix.lengths)
 
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=commit.new_seq_lens)
         if self._time_rounds:
@@ -275,7 +281,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=commit.out_tokens.reshape(-1),
-            accept_lens=commit.commit_lens,
+            accept_lens=accept_lens,
             can_run_cuda_graph=False,
             next_draft_input=next_draft_input,
             speculative_num_draft_tokens=self.widths.reserve_width,
@@ -338,7 +344,7 @@ class ReAnchorWorker(DFlashWorkerV2):
             support_logprobs=None if capture is None else logprobs.index_select(0, capture.long()),
             statuses=torch.where(torch.isfinite(selected_logprobs), int(SamplingMaskStatus.OK),
                                  int(SamplingMaskStatus.INVALID)).to(torch.int8),
-            num_accept_tokens=commit.commit_lens[selected].clone(),
+            num_accept_tokens=commit.commit_lens[selected].to(torch.int32),
         )
 
     @staticmethod
@@ -405,49 +411,49 @@ class ReAnchorWorker(DFlashWorkerV2):
         return profile.batch_budget(self.reanchor.offsets, self.reanchor.max_depth,
                                     candidates=tuple(b for b in (2, 4, 8, 16, 32) if b < top) + (top,))
 
-    def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, lengths: torch.Tensor,
-               sfx_preds: torch.Tensor, sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One drafter forward over the 1 + R blocks of every request with ``drafted`` (``[bs]`` bool, host).
+    def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, seq_lens_cpu: torch.Tensor,
+               anchors: DraftAnchors, suffix: SuffixBatch) -> tuple[torch.Tensor, DraftAnchors]:
+        """One drafter forward over the 1 + R blocks of every request with ``drafted`` (``[bs]`` bool, host;
+        ``seq_lens_cpu``: ``prefix`` on the host).
 
-        Returns ``(blocks [bs, 1+R, 1+n] long, row_valid [bs, R] bool)``, ``n`` drafts per block
-        (``B - 1``, or ``max_depth``: deeper nodes are never verified); a request not
-        drafted gets ``[bonus, MASK...]`` rows, none valid (its tree is cut to the root).
+        Returns ``blocks [bs, 1+R, 1+n]`` long, ``n`` drafts per block (``B - 1``, or ``max_depth``:
+        deeper nodes are never verified), and the anchors with ``row_valid`` False for a request not
+        drafted (its blocks are ``[anchor, MASK...]`` and its tree is cut to the root).
         """
-        bs, width, rows = prefix.shape[0], 1 + self._num_drafts, 1 + len(self.reanchor.offsets)
-        bonus = batch.spec_info.bonus_tokens.view(-1)
-        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
         if bool(drafted.all()):
-            return self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu, bonus,
-                                    lengths, sfx_preds, sfx_feats)
-        blocks = torch.full((bs, rows, width), int(self._mask_token_id), dtype=torch.long, device=prefix.device)
-        blocks[:, 0, 0] = bonus.long()
-        row_valid = torch.zeros(bs, rows - 1, dtype=torch.bool, device=prefix.device)
-        if bool(drafted.any()):
+            return self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu, anchors,
+                                    suffix), anchors
+        bs, rows = anchors.tokens.shape
+        blocks = torch.full((bs, rows, 1 + self._num_drafts), int(self._mask_token_id), dtype=torch.long,
+                            device=prefix.device)
+        blocks[:, :, 0] = anchors.tokens
+        if bool(drafted.any()):  # the context end: an eager path (host indices)
             host = drafted.nonzero().squeeze(1)
             idx = host.to(prefix.device)
-            blocks[idx], row_valid[idx] = self._draft_rows(
-                batch.req_pool_indices[idx], prefix[idx], batch.seq_lens[idx], seq_lens_cpu[host], bonus[idx],
-                lengths[idx], sfx_preds[idx], sfx_feats[idx])
-        return blocks, row_valid
+            part = DraftAnchors(*(getattr(anchors, f)[idx] for f in DraftAnchors.__dataclass_fields__))
+            part_suffix = SuffixBatch(*(getattr(suffix, f)[idx] for f in SuffixBatch.__dataclass_fields__))
+            blocks[idx] = self._draft_rows(batch.req_pool_indices[idx], prefix[idx], batch.seq_lens[idx],
+                                           seq_lens_cpu[host], part, part_suffix)
+        valid = anchors.row_valid & drafted.to(prefix.device)[:, None]
+        return blocks, DraftAnchors(anchors.tokens, anchors.positions, anchors.visible, valid)
 
     def _draft_rows(self, slots: torch.Tensor, prefix: torch.Tensor, seq_lens: torch.Tensor,
-                    seq_lens_cpu: torch.Tensor, bonus: torch.Tensor, lengths: torch.Tensor,
-                    sfx_preds: torch.Tensor, sfx_feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The drafter forward for ``bs'`` requests (all ``[bs']``-leading; ``sfx_feats`` ``[bs', X, D]``)."""
+                    seq_lens_cpu: torch.Tensor, anchors: DraftAnchors, suffix: SuffixBatch) -> torch.Tensor:
+        """The drafter forward for ``bs'`` requests (all ``[bs']``-leading; ``seq_lens_cpu`` on the host)."""
         bs, block = prefix.shape[0], self.block_size
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         translator = self.target_worker.model_runner.kv_index_translator
-        win = draft_window(prefix, bonus, lengths, sfx_preds, self.reanchor.offsets, block, int(self._mask_token_id),
-                           max_prefix=int(seq_lens_cpu.max()))
-        queries = win.input_ids.shape[1]
         extra = self.widths.extra_rows
+        win = draft_window(prefix, anchors, extra, block, int(self._mask_token_id),
+                           max_prefix=int(seq_lens_cpu.max()), prefix_sum=int(seq_lens_cpu.sum()))
+        queries = win.input_ids.shape[1]
 
         if extra:  # rejected-suffix features -> draft K/V at columns s .. s+X-1
             extra_loc = req_to_token[slots[:, None], win.extra_columns].long()
             extra_plan = translator.plan(req_pool_indices=slots, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu,
                                          write_virtual=extra_loc.reshape(-1), read_extent=extra)
             self._append_target_hidden_to_draft_kv_by_loc(
-                target_hidden=sfx_feats.reshape(bs * extra, -1),
+                target_hidden=suffix.features.reshape(bs * extra, -1),
                 cache_loc=self._draft_write_ids(extra_plan),
                 positions=win.extra_positions.reshape(-1),
             )
@@ -501,8 +507,7 @@ class ReAnchorWorker(DFlashWorkerV2):
             drafts = self._greedy_sample_from_vocab_parallel_head(
                 hidden_states=hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head=lm_head
             ).view(bs, -1, n)
-        blocks = torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2)
-        return blocks, win.row_valid
+        return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2)
 
     def _trace(self, batch: Any, tree: DraftTree, acc: Acceptance, suffix_lens: torch.Tensor) -> None:
         """Append one JSON line per request: this round's tree and acceptance."""
@@ -534,10 +539,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         """
         top1 = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, logits.argmax(-1))  # [bs, N]
         if sampling_info is None or sampling_info.is_all_greedy:
-            return accept_tree(tree, top1, top1)
+            return self.core.accept(tree, top1, top1)
         picks = node_picks(logits, positions, sampling_info, self._sample_rng)
         picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, picks)
-        return accept_tree(tree, picks, top1)
+        return self.core.accept(tree, picks, top1)
 
 
 def _emitted_rows(commit: Any) -> torch.Tensor:
