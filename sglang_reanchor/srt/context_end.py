@@ -14,14 +14,13 @@ SGLang itself, reserving ``2 * speculative_num_draft_tokens`` slots ahead of eac
 request (``DFlashDraftInputV2.prepare_for_decode``), writes that reservation into
 ``req_to_token`` with no bound at the row's end; past it the write lands in the
 next request's row, and those slots are never freed (the scheduler's idle check
-then stops the server: "pool memory leak detected"). `install` caps the reservation at the row's end (an AROUND
-hook on ``page_aligned_decode_alloc_lens``), in REANCHOR processes only; the worker
+then stops the server: "pool memory leak detected"). `_alloc_lens_within_row` caps the reservation at the row's
+end (an AROUND hook on ``page_aligned_decode_alloc_lens``, registered by `seam`), in REANCHOR processes only; the worker
 tells it the row width (`set_row_width`) when it first sees a batch.
 """
 
 from __future__ import annotations
 
-import pkgutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ALLOC_LENS", "RoundRoom", "check_reserved", "install", "reserved_columns", "round_room", "set_row_width"]
-
-ALLOC_LENS = "sglang.srt.mem_cache.allocation_sizing.page_aligned_decode_alloc_lens"
+__all__ = ["RoundRoom", "check_reserved", "reserved_columns", "round_room", "set_row_width"]
 
 _row_width: int | None = None
 
@@ -44,41 +41,6 @@ def _alloc_lens_within_row(original: Any, reqs: Any, *args: Any, **kwargs: Any) 
     capped = [max(c, min(n, _row_width)) for c, n in zip(cur, nxt)]
     return cur, capped, sum(n - c for c, n in zip(cur, capped))
 
-
-_installed = False
-
-
-def install() -> None:
-    """Cap SGLang's decode reservation at the row's end (called by ``ReAnchorWorker.__init__``)."""
-    global _installed
-    if not _installed:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        HookRegistry.register(ALLOC_LENS, _alloc_lens_within_row, HookType.AROUND)
-        apply_or_fail([ALLOC_LENS])
-        _installed = True
-
-
-def apply_or_fail(targets: list[str]) -> None:
-    """``HookRegistry.apply_hooks()``, and a clear error for a target it left unpatched.
-
-    ``apply_hooks`` skips a target already patched (by another plugin, at load
-    time): the hook registered now would silently never run.
-    """
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    before = {t: _resolve(t) for t in targets}
-    HookRegistry.apply_hooks()
-    stale = [t for t in targets if _resolve(t) is before[t]]
-    if stale:
-        raise RuntimeError(f"REANCHOR: could not hook {', '.join(stale)}: already patched by another plugin "
-                           f"(SGLang's HookRegistry patches a target once)")
-
-
-def _resolve(target: str) -> Any:
-    owner, name = target.rsplit(".", 1)
-    obj = pkgutil.resolve_name(owner)
-    return obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)
 
 
 def set_row_width(row_width: int) -> None:

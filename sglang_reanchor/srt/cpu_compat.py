@@ -8,12 +8,13 @@ Intel AMX. Without it, ``--device cpu`` runs the pure-torch layers, except that:
   forward then runs the native torch path anyway. The hook makes the constructor
   take the branch it takes on MPS/CPU/XPU (no fallback kernel), only while it runs.
 
-The hooks are registered only on a machine where SGLang sees no accelerator
+The plain-CPU hooks are registered only on a machine where SGLang sees no accelerator
 platform (no CUDA/HIP/XPU/NPU/MUSA, no CPU engine): there the patched code would
-otherwise fail, so they change nothing anywhere else.
+otherwise fail, so they change nothing anywhere else. `seam` registers every hook
+(its table says which, when, and why); this module holds their implementations.
 
 Two hooks are not CPU-specific; they are installed only in a process that serves
-REANCHOR (`install_reanchor_hooks`, called by ``ReAnchorWorker.__init__``), so a
+REANCHOR (``seam.install("worker")``, called by ``ReAnchorWorker.__init__``), so a
 plain or DFLASH server with this package installed runs SGLang's own functions:
 
 - The Triton attention backend calls its extend kernel with
@@ -49,14 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ALL_GATHER", "EXTEND_KWARGS", "QK_NORM_ROPE", "TRITON_EXTEND", "install_reanchor_hooks", "needs_cpu_hooks",
-           "register_cpu_hooks", "register_dtype_hooks", "register_mask_hooks"]
-
-ROPE_INIT = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
-EXTEND_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
-TRITON_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
-QK_NORM_ROPE = "sglang.kernels.ops.attention.table_qk_norm_rope.table_qk_norm_rope_"
-ALL_GATHER = "sglang.srt.distributed.parallel_state.GroupCoordinator.all_gather_into_tensor"
+__all__ = ["needs_cpu_hooks"]
 
 
 def needs_cpu_hooks() -> bool:
@@ -77,15 +71,6 @@ def _rope_init_without_vllm(original: Any, *args: Any, **kwargs: Any) -> Any:
         base._is_mps = saved
 
 
-def register_cpu_hooks() -> bool:
-    """Register the hooks if `needs_cpu_hooks`; returns whether it did."""
-    if not needs_cpu_hooks():
-        return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(ROPE_INIT, _rope_init_without_vllm, HookType.AROUND)
-    return True
-
 
 def _embeds_in_model_dtype(original: Any, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> dict:
     out = original(runner, forward_batch, *args, **kwargs)
@@ -102,12 +87,6 @@ def torch_bfloat16() -> Any:
     return torch.bfloat16
 
 
-def register_dtype_hooks() -> None:
-    """Register the ``input_embeds`` dtype fix (see the module docstring)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(EXTEND_KWARGS, _embeds_in_model_dtype, HookType.AROUND)
-
 
 def _extend_with_prefix_mask(original: Any, backend: Any, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any,
                              *args: Any, **kwargs: Any) -> Any:
@@ -122,12 +101,6 @@ def _extend_with_prefix_mask(original: Any, backend: Any, q: Any, k: Any, v: Any
     finally:
         backend.extend_attention_fwd = kernel
 
-
-def register_mask_hooks() -> None:
-    """Register the Triton prefix-mask hook (see the module docstring)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(TRITON_EXTEND, _extend_with_prefix_mask, HookType.AROUND)
 
 
 def _table_qk_norm_rope_torch(original: Any, qkv: Any, positions: Any, q_weight: Any, k_weight: Any,
@@ -156,35 +129,3 @@ def _all_gather_on_cpu(original: Any, group: Any, output: Any, input: Any) -> No
         group._all_gather_into_tensor(output, input)
         return
     original(group, output, input)
-
-
-_installed = False
-
-
-def install_reanchor_hooks() -> bool:
-    """Patch the dtype and Triton prefix-mask hooks (and, on a plain CPU, the QK-norm-RoPE
-    one) in now; returns False if already done.
-
-    Called from ``ReAnchorWorker.__init__`` (before its model runners exist), not
-    from the plugin entry point: ``load_plugins()`` runs in every SGLang process,
-    and these hooks must not touch a server whose algorithm is not REANCHOR.
-    ``HookRegistry.apply_hooks`` patches only targets not patched yet (a target
-    another plugin patched at load time fails loudly, `context_end.apply_or_fail`).
-    """
-    global _installed
-    if _installed:
-        return False
-    from .context_end import apply_or_fail
-
-    register_dtype_hooks()
-    register_mask_hooks()
-    targets = [EXTEND_KWARGS, TRITON_EXTEND]
-    if needs_cpu_hooks():
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        HookRegistry.register(QK_NORM_ROPE, _table_qk_norm_rope_torch, HookType.AROUND)
-        HookRegistry.register(ALL_GATHER, _all_gather_on_cpu, HookType.AROUND)
-        targets += [QK_NORM_ROPE, ALL_GATHER]
-    apply_or_fail(targets)
-    _installed = True
-    return True

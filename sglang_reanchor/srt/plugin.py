@@ -34,17 +34,16 @@ def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
-    from . import cpu_attention
-    from .cpu_compat import register_cpu_hooks
-    from .request_checks import register_request_hooks
+    from . import cpu_attention, seam
+    from .cpu_compat import needs_cpu_hooks
     from .spec import NAME, ReAnchorSpecAlgo, validate_server_args
 
     if get_spec(NAME) is not None:
         return
-    register_cpu_hooks()  # plain-CPU serving only; see cpu_compat
+    seam.check_version()  # an untested SGLang is refused here, by name
+    seam.install("load", plain_cpu=needs_cpu_hooks())  # request checks; the plain-CPU RoPE hook (seam.HOOKS)
     cpu_attention.register()  # a new --attention-backend choice, reanchor_sdpa (custom masks on CPU)
-    # The dtype and Triton mask hooks are installed by ReAnchorWorker (REANCHOR processes only).
-    register_request_hooks()  # custom logit processors refused on arrival; see request_checks
+    # The worker-time hooks are installed by ReAnchorWorker (REANCHOR processes only).
     SpeculativeAlgorithm.register(
         NAME,
         supports_overlap=False,

@@ -18,7 +18,7 @@ rows by argmax. REANCHOR draws every node from the target's own filtered
 distribution in torch (`node_sampling.node_picks`) and returns that support
 (`node_sampling.emitted_support`), so the hook admits those requests.
 
-The hooks are installed in every SGLang process (plugins load everywhere) but only
+The hooks (registered by `seam`) are installed in every SGLang process (plugins load everywhere) but only
 refuses anything in a process whose scheduler built a `ReAnchorWorker`
 (`mark_active`); DFLASH servers are untouched.
 """
@@ -27,10 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["mark_active", "register_request_hooks", "unsupported_reason"]
-
-VALIDATE = "sglang.srt.managers.scheduler.validate_dflash_request"
-VALIDATE_SAMPLING_MASK = "sglang.srt.managers.scheduler.validate_spec_sampling_mask_request"
+__all__ = ["mark_active", "unsupported_reason"]
 
 _active = False
 
@@ -61,10 +58,3 @@ def _validate_sampling_mask(original: Any, req: Any, *args: Any, **kwargs: Any) 
     if _active:  # every support is the target's own: nothing to refuse (top_k is checked before)
         return None
     return original(req, *args, **kwargs)
-
-
-def register_request_hooks() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(VALIDATE, _validate, HookType.AROUND)
-    HookRegistry.register(VALIDATE_SAMPLING_MASK, _validate_sampling_mask, HookType.AROUND)

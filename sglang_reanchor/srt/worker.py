@@ -67,9 +67,9 @@ from ..round import CommitPlan, DraftAnchors, RoundCore
 from ..suffix import SuffixBatch, SuffixStore
 from ..tree import DraftTree
 from ..verify import Acceptance
-from .cpu_compat import install_reanchor_hooks
-from .context_end import install as install_context_end
+from . import seam
 from .context_end import check_reserved, reserved_columns, round_room, set_row_width
+from .cpu_compat import needs_cpu_hooks
 from .layout import cap_tree, draft_window, verify_inputs
 from .node_sampling import adjust_node_logits, emitted_support, node_picks
 from .request_checks import mark_active
@@ -89,7 +89,7 @@ class DraftWindowInput(DFlashVerifyInput):
     The rejected-suffix context rows sit at the end of the drafter's prefix, and
     only some blocks may see them (`layout.draft_window`). FlashInfer applies the
     whole FULL_MASK row; for Triton, ``masks_prefix`` makes the plugin's hook run
-    the kernel without ``skip_prefix_custom_mask`` (`cpu_compat.register_mask_hooks`).
+    the kernel without ``skip_prefix_custom_mask`` (`cpu_compat._extend_with_prefix_mask`, `seam`).
     """
 
     masks_prefix = True
@@ -99,7 +99,9 @@ class ReAnchorWorker(DFlashWorkerV2):
     """The ``REANCHOR`` speculative worker (synchronous: overlap scheduling is off)."""
 
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
-        install_reanchor_hooks()  # this process serves REANCHOR: drafter dtype, Triton prefix mask (cpu_compat)
+        seam.check_targets()  # every hook target and private attribute the worker uses exists (seam)
+        # this process serves REANCHOR: drafter dtype, Triton prefix mask, reservation cap at the row's end
+        seam.install("worker", plain_cpu=needs_cpu_hooks())
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         mark_active()  # this scheduler now refuses what REANCHOR cannot serve (request_checks)
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
@@ -116,7 +118,6 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._num_drafts = min(self.reanchor.max_depth or block - 1, block - 1)  # drafts read per block
         self.widths = serving_widths(self.reanchor, block)
         self.speculative_num_draft_tokens = self.widths.reserve_width
-        install_context_end()  # SGLang's reservation stops at the req_to_token row's end (context_end)
         fc = self.draft_model.fc
         self._feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
         self._suffixes: SuffixStore | None = None  # built once SGLang has allocated its pools
