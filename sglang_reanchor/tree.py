@@ -269,16 +269,19 @@ def build_draft_tree(
 
     # ---- every row's full token path on the depth grid: [bs, 1+R, G]
     t = torch.arange(grid, device=dev)
-    base_path = torch.cat([baseline, torch.full_like(baseline, -1)], dim=1)  # [bs, G]
+    base_path = torch.nn.functional.pad(baseline, (0, width), value=-1)  # [bs, G]
     k = t - sites[:, :, None]  # [bs, R, G]: index into the row (< 0: above its site)
     in_row = (k >= 0) & (k < width)
-    row_tok = shifted.gather(2, k.clamp(0, width - 1))
-    row_path = torch.where(k < 0, base_path[:, None, :], torch.where(in_row, row_tok, -1))
+    k_in = k.clamp(0, width - 1)
+    # above its site a row is the baseline; below its last draft, nothing (-1, as the baseline there)
+    row_path = torch.where(in_row, shifted.gather(2, k_in), base_path[:, None, :])
     paths = torch.cat([base_path[:, None, :], row_path], dim=1)  # [bs, 1+R, G]
 
     # ---- candidate cells: the baseline's W, each attached row's W (region, depth cap)
-    region = _region_keep(config, baseline, shifted, sites, sites[:, :, None] + t[:width], width)  # [bs, R, W]
-    keep_rows = attached[:, :, None] & in_row & region.gather(2, k.clamp(0, width - 1))
+    keep_rows = attached[:, :, None] & in_row
+    if config.region != "all":
+        region = _region_keep(config, baseline, shifted, sites, sites[:, :, None] + t[:width], width)  # [bs, R, W]
+        keep_rows = keep_rows & region.gather(2, k_in)
     keep = torch.cat([(t < width).expand(bs, 1, grid), keep_rows], dim=1)  # [bs, 1+R, G]
     if config.max_depth is not None:  # a node's parent is shallower, so the cut leaves a tree
         keep = keep & (t <= config.max_depth)
@@ -292,7 +295,7 @@ def build_draft_tree(
     node_id = is_node.long().cumsum(dim=1) - 1
     in_budget = is_node & (node_id < n)
     cell_node = node_id.view(bs, num, grid).gather(1, rep)  # [bs, 1+R, G]: node of each cell's path
-    parent = torch.cat([torch.full_like(cell_node[:, :, :1], -1), cell_node[:, :, :-1]], dim=2)
+    parent = torch.nn.functional.pad(cell_node[:, :, :-1], (1, 0), value=-1)  # the cell one level up
 
     slot = torch.where(in_budget, node_id, n)  # cells that are no node go to a spare column
     # the node fields in one scatter: token, parent, depth, source row of each cell; padding 0 / -1 / 0 / 0
@@ -301,26 +304,26 @@ def build_draft_tree(
     out[:, 1] = -1
     out = out.scatter_(2, slot[:, None, :].expand(bs, 4, -1), fields.view(bs, 4, -1))[:, :, :n]
 
-    num_nodes = in_budget.sum(dim=1)
-    valid = torch.arange(n, device=dev) < num_nodes[:, None]
-    # ancestors of the node at cell (r, t): the nodes of r's cells at depths <= t
+    # ancestors of the node at cell (r, t): the nodes of r's cells at depths <= t; and every
+    # column sees itself (a padding node sees only itself)
     above = t[None, :] <= t[:, None]  # [G, G]: (t, t') with t' <= t
     cols = cell_node[:, :, None, :].expand(bs, num, grid, grid)  # [bs, 1+R, G, G]
     cols = torch.where(above & (cols < n), cols, n)  # (a cell past the budget is in no node's path)
-    flat = slot.view(bs, num, grid, 1) * (n + 1) + cols
+    flat = (slot.view(bs, num, grid, 1) * (n + 1) + cols).reshape(bs, -1)
+    diagonal = (torch.arange(n, device=dev) * (n + 2)).expand(bs, n)
     anc = torch.zeros(bs, (n + 1) * (n + 1), dtype=torch.bool, device=dev)
-    anc = anc.scatter_(1, flat.reshape(bs, -1), True).view(bs, n + 1, n + 1)[:, :n, :n]
-    anc = anc | (torch.eye(n, dtype=torch.bool, device=dev) & ~valid[:, :, None])  # padding sees itself
+    anc = anc.scatter_(1, torch.cat([flat, diagonal], dim=1), True).view(bs, n + 1, n + 1)[:, :n, :n]
 
-    anchor_kept = keep_rows.gather(2, sites[:, :, None]).squeeze(2)
+    # a row is attached where its anchor's cell is kept and inside the budget
+    anchor_kept = keep_rows.gather(2, sites[:, :, None]).squeeze(2)  # (implies attached)
     anchor_node = cell_node[:, 1:].gather(2, sites[:, :, None]).squeeze(2)
     return DraftTree(
         tokens=out[:, 0],
         parents=out[:, 1],
         depth=out[:, 2],
-        num_nodes=num_nodes,
+        num_nodes=in_budget.sum(dim=1),
         source_row=out[:, 3],
-        row_sites=torch.where(attached & anchor_kept & (anchor_node < n), sites, -1),
+        row_sites=torch.where(anchor_kept & (anchor_node < n), sites, -1),
         ancestors=anc,
     )
 
