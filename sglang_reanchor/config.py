@@ -73,6 +73,12 @@ class ReAnchorConfig:
         slots make the drafter forward cheaper, but a slot then sees fewer masks
         after it than in training, so the drafts differ. Drafts deeper than
         ``draft_slots - 1`` are not made, whatever ``max_depth`` says.
+    draft_vocab:
+        Draft by an argmax over the ``K`` tokens the target writes most often (the
+        drafter folder's ``draft_vocab.safetensors`` ranking; `sglang_reanchor.drafter.draft_vocab`)
+        instead of its whole vocabulary: ``K / V`` of the drafter's LM-head work, which on
+        a CPU is most of a drafter forward. Only the drafts change, never the output.
+        None: the whole vocabulary.
     max_requests:
         Cap on the number of requests whose rejected suffix is held at once.
     seed:
@@ -88,6 +94,7 @@ class ReAnchorConfig:
     batch_node_budget: int | None = None
     max_depth: int | None = None
     draft_slots: int | None = None
+    draft_vocab: int | None = None
     max_requests: int = 4096
     seed: int = 0
 
@@ -125,6 +132,10 @@ class ReAnchorConfig:
             isinstance(self.draft_slots, bool) or not isinstance(self.draft_slots, int) or self.draft_slots < 2
         ):
             raise ValueError(f"ReAnchorConfig.draft_slots must be None or an int >= 2, got {self.draft_slots!r}")
+        if self.draft_vocab is not None and (
+            isinstance(self.draft_vocab, bool) or not isinstance(self.draft_vocab, int) or self.draft_vocab < 1
+        ):
+            raise ValueError(f"ReAnchorConfig.draft_vocab must be None or an int >= 1, got {self.draft_vocab!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"ReAnchorConfig.seed must be an int, got {self.seed!r}")
 

@@ -107,3 +107,20 @@ def test_default_drafter_config_is_unchanged_without_a_vocabulary() -> None:
     target = tiny_target("llama", vocab_size=16)
     gen = SpeculativeGenerator(target, tiny_drafter(target, block_size=4), ReAnchorConfig())
     assert gen.draft_head is target.get_output_embeddings()
+
+
+def test_the_config_field_drafts_from_the_drafters_own_ranking() -> None:
+    """``ReAnchorConfig(draft_vocab=K)`` (what SGLang's worker reads) = ``draft_vocab=ranking[:K]``."""
+    target = tiny_target("llama", vocab_size=16)
+    drafter = tiny_drafter(target, block_size=4)
+    with pytest.raises(ValueError, match="has no draft vocabulary"):
+        SpeculativeGenerator(target, drafter, ReAnchorConfig(draft_vocab=4))
+    drafter.vocab_ranking = torch.tensor([3, 7, 2, 9, 1])
+    gen = SpeculativeGenerator(target, drafter, ReAnchorConfig(draft_vocab=3))
+    assert gen.draft_head.token_ids.tolist() == [3, 7, 2]
+    with pytest.raises(ValueError, match="not both"):
+        SpeculativeGenerator(target, drafter, ReAnchorConfig(draft_vocab=3), draft_vocab=torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"draft_vocab size must be an int in \[1, 5\]"):
+        SpeculativeGenerator(target, drafter, ReAnchorConfig(draft_vocab=6))
+    with pytest.raises(ValueError, match="ReAnchorConfig.draft_vocab must be None or an int >= 1"):
+        ReAnchorConfig(draft_vocab=0)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from factories import tiny_drafter, tiny_target, write_zlab_drafter  # noqa: E402
 
 from sglang_reanchor import SpeculativeGenerator  # noqa: E402
+from sglang_reanchor.drafter.draft_vocab import save_draft_vocab  # noqa: E402
 from sglang_reanchor.srt.settings import parse_config  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +51,9 @@ def pair(tmp_path_factory):
     target.save_pretrained(root / "target")
     drafter = tiny_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=2)
     write_zlab_drafter(drafter, root / "drafter")
+    # a draft vocabulary: half the tokens, in a shuffled order ("draft_vocab": 32 drafts from them only)
+    drafter.vocab_ranking = torch.randperm(64, generator=torch.Generator().manual_seed(0))
+    save_draft_vocab(root / "drafter", drafter.vocab_ranking)
     return root, target, drafter
 
 
@@ -93,9 +97,10 @@ ROUNDS = [
      (None, "reanchor", "reanchor_sdpa"), ('{"offsets": []}', "dflash", "reanchor_sdpa"),
      ('{"offsets": []}', "dflash", "triton"),
      ('{"policy": "offset", "offsets": [1, 2], "max_depth": 3}', "reanchor", "reanchor_sdpa"),
-     ('{"offsets": [], "max_depth": 2}', "dflash", "reanchor_sdpa")],
+     ('{"offsets": [], "max_depth": 2}', "dflash", "reanchor_sdpa"),
+     ('{"policy": "offset", "draft_vocab": 32}', "reanchor", "reanchor_sdpa")],
     ids=["offset", "offset-triton", "default", "no-offsets-is-dflash", "no-offsets-is-dflash-triton",
-         "offset-max-depth", "dflash-max-depth"],
+         "offset-max-depth", "dflash-max-depth", "draft-vocab"],
 )
 def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config, method, backend):
     """With no offsets the plugin drafts and verifies DFlash's chain: the oracle is the reference DFlash.

@@ -34,6 +34,7 @@ from torch import Tensor
 from ..budget import BudgetPolicy
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, DraftVocabHead, draft_blocks
+from ..drafter.draft_vocab import top_tokens
 from ..sampling import SamplingParams, TokenDraw
 from ..round import CommitPlan, DraftAnchors, RoundCore
 from ..suffix import SuffixBatch, SuffixStore
@@ -165,10 +166,18 @@ class SpeculativeGenerator:
     ) -> None:
         drafter.validate_target(target.config)
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
+        self.config = config or ReAnchorConfig()
+        if self.config.draft_vocab is not None:
+            if draft_vocab is not None:
+                raise ValueError("pass draft_vocab= or ReAnchorConfig.draft_vocab, not both")
+            ranking = getattr(drafter, "vocab_ranking", None)
+            if ranking is None:
+                raise ValueError(f"ReAnchorConfig.draft_vocab={self.config.draft_vocab}: the drafter has no draft "
+                                 "vocabulary (its folder's draft_vocab.safetensors, `train draft-vocab`)")
+            draft_vocab = top_tokens(ranking, self.config.draft_vocab, "the drafter's draft vocabulary")
         lm_head = self.target.lm_head
         self.draft_head = lm_head if draft_vocab is None else DraftVocabHead(lm_head, draft_vocab)
         self.drafter = drafter.to(device=self.target.device).eval()
-        self.config = config or ReAnchorConfig()
         self.tokenizer = tokenizer
         self.budget_policy = budget_policy
         self._tree_rng = torch.Generator().manual_seed(self.config.seed)

@@ -63,6 +63,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
 from ..budget import BatchBudget
+from ..drafter.draft_vocab import DraftVocabHead, load_draft_vocab
 from ..round import CommitPlan, DraftAnchors, RoundCore
 from ..suffix import SuffixBatch, SuffixStore
 from ..tree import DraftTree
@@ -130,6 +131,8 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._trim_trees = str(self.device) == "cpu"
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         self._trace_path = os.environ.get(TRACE_ENV, "")
+        self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
+        self._draft_vocab_head: DraftVocabHead | None = None  # built at the first draft (the LM head exists then)
         self._batch_budget = self._load_batch_budget()
         # the budget learns this server's own round times where they are host wall time (CPU) and
         # the same for every rank (one rank): on a GPU the timer would need a sync per round
@@ -505,10 +508,27 @@ class ReAnchorWorker(DFlashWorkerV2):
             out = self.draft_model_runner.forward(forward_batch)
             hidden = out.logits_output.hidden_states.view(bs, -1, block, out.logits_output.hidden_states.shape[-1])
             n = self._num_drafts  # the LM head skips the slots past max_depth
-            drafts = self._greedy_sample_from_vocab_parallel_head(
-                hidden_states=hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head=lm_head
-            ).view(bs, -1, n)
+            drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head).view(bs, -1, n)
         return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2)
+
+    def _greedy_drafts(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
+        """The argmax draft of each row of ``hidden`` (``[M, H]``): over the whole vocabulary (TP-safe,
+        DFlash's), or over the configured draft vocabulary (``draft_vocab``). ``[M]`` long."""
+        if self._draft_vocab is None:
+            return self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=lm_head)
+        if self._draft_vocab_head is None:
+            self._draft_vocab_head = DraftVocabHead(lm_head, self._draft_vocab)
+        head = self._draft_vocab_head
+        return head.token_ids[head(hidden.to(head.weight.dtype)).argmax(-1)]
+
+    def _load_draft_vocab(self, server_args: Any) -> torch.Tensor | None:
+        """``draft_vocab``: the ``K`` most frequent tokens of the drafter folder's ranking, or None."""
+        k = self.reanchor.draft_vocab
+        if k is None:
+            return None
+        if int(getattr(server_args, "tp_size", 1) or 1) != 1:
+            raise ValueError("REANCHOR draft_vocab needs --tp-size 1 (the LM head is split across ranks at TP > 1)")
+        return load_draft_vocab(server_args.speculative_draft_model_path, k).to(self.device)
 
     def _trace(self, batch: Any, tree: DraftTree, acc: Acceptance, suffix_lens: torch.Tensor) -> None:
         """Append one JSON line per request: this round's tree and acceptance."""
