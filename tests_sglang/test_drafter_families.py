@@ -28,7 +28,13 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from factories import tiny_domino_drafter, tiny_dspark_drafter, tiny_target  # noqa: E402
 
-from sglang_reanchor.drafter import DFlashDrafter, DominoDrafter, DSparkDrafter  # noqa: E402
+from sglang_reanchor.drafter import (  # noqa: E402
+    DFlashDrafter,
+    DominoDrafter,
+    DominoHead,
+    DSparkDrafter,
+    DSparkHead,
+)
 
 VOCAB, HIDDEN = 50, 32  # SGLang pads the LM head's rows to 64
 
@@ -125,6 +131,11 @@ def test_domino_rollout_equals_sglangs(sgl, tmp_path, shift_label, pool, block):
             got = ours.head.rollout(hidden, anchors, embed_tokens=sgl.embed, lm_head=sgl.lm_head, num_drafts=n,
                                     vocab_size=VOCAB)
             assert torch.equal(got.reshape(6, n), want[:, :n]), (seed, n)
+        # the same head over SGLang's own loaded modules (what the worker can call)
+        over = DominoHead(theirs.prefix_gru, theirs.embed_proj, theirs.shift_label, pool)
+        got = over.rollout(hidden, anchors, embed_tokens=sgl.embed, lm_head=sgl.lm_head, num_drafts=block - 1,
+                           vocab_size=VOCAB)
+        assert torch.equal(got.reshape(6, block - 1), want), seed
 
 
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
@@ -169,9 +180,15 @@ def test_dspark_rollout_and_confidence_equal_sglangs(sgl, tmp_path, monkeypatch,
             got = ours.head.rollout(hidden, anchors, embed_tokens=sgl.embed, lm_head=sgl.lm_head, num_drafts=n,
                                     vocab_size=VOCAB)
             assert torch.equal(got.reshape(count, n), want[:, :n]), (seed, n)
+        # the same head over SGLang's own loaded modules (what the worker can call)
+        over = DSparkHead.over(theirs.markov_head, theirs.confidence_head, theirs.sample_from_anchor)
+        assert over.markov_head.markov_w2.weight.data_ptr() == theirs.markov_head.markov_w2.weight.data_ptr()
+        got = over.rollout(hidden, anchors, embed_tokens=sgl.embed, lm_head=sgl.lm_head, num_drafts=gamma - 1,
+                           vocab_size=VOCAB)
+        assert torch.equal(got.reshape(count, gamma - 1), want[:, : gamma - 1]), seed
         conf, _ = theirs.compute_confidence(anchor_tokens=anchors.reshape(count), draft_tokens=want,
                                             confidence_features=features)
-        mine = ours.head.confidence(hidden, anchors, got)
+        mine = ours.head.confidence(hidden, anchors, want.view(*rows, gamma))
         torch.testing.assert_close(mine.reshape(count, gamma), conf, rtol=1e-5, atol=1e-6)
 
 

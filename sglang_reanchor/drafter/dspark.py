@@ -226,6 +226,24 @@ class DSparkHead:
         self.sample_from_anchor = sample_from_anchor
         self._rows_cache: dict = {}
 
+    @classmethod
+    def over(cls, markov_head: nn.Module, confidence_head: nn.Module | None,
+             sample_from_anchor: bool) -> DSparkHead:
+        """A head over another implementation's modules with DSpark's parameter names, such
+        as SGLang's loaded ``Qwen3DSparkModel.markov_head`` / ``.confidence_head``: the
+        parameters are shared, not copied (the kind is read from ``gate_proj`` / ``joint_proj``)."""
+        vocab, rank = markov_head.markov_w1.weight.shape
+        if hasattr(markov_head, "joint_proj"):
+            kind, hidden = "rnn", markov_head.joint_proj.weight.shape[1] - 2 * rank
+        elif hasattr(markov_head, "gate_proj"):
+            kind, hidden = "gated", markov_head.gate_proj.weight.shape[1] - rank
+        else:
+            kind, hidden = "vanilla", 0
+        with torch.device("meta"):
+            ours = _MARKOV_CLASSES[kind](vocab, rank, hidden)
+        ours.load_state_dict(markov_head.state_dict(keep_vars=True), assign=True)
+        return cls(ours, confidence_head, sample_from_anchor)
+
     def max_drafts(self, width: int) -> int:
         """Drafts a block of ``width`` slots yields: ``width`` when sampling from the anchor."""
         return width if self.sample_from_anchor else width - 1
