@@ -73,6 +73,17 @@ class ReAnchorConfig:
         slots make the drafter forward cheaper, but a slot then sees fewer masks
         after it than in training, so the drafts differ. Drafts deeper than
         ``draft_slots - 1`` are not made, whatever ``max_depth`` says.
+    branch_width:
+        Branching (`sglang_reanchor.branching`): alternatives per baseline slot, the
+        drafter's 2nd .. ``1 + branch_width``-th choices; 0 (the default) branches nowhere.
+    branch_rows:
+        Branches kept per round, the most likely first (each a short chain below the
+        baseline; created after the shifted rows, so a node budget drops them first).
+    branch_length:
+        Tokens per branch: the alternative, then the baseline's next drafts.
+    branch_temperature:
+        Temperature of the drafter's distribution when branches are scored (a
+        calibration of its confidence; chosen on development prompts).
     draft_vocab:
         Draft by an argmax over the ``K`` tokens the target writes most often (the
         drafter folder's ``draft_vocab.safetensors`` ranking; `sglang_reanchor.drafter.draft_vocab`)
@@ -94,6 +105,10 @@ class ReAnchorConfig:
     batch_node_budget: int | None = None
     max_depth: int | None = None
     draft_slots: int | None = None
+    branch_width: int = 0
+    branch_rows: int = 4
+    branch_length: int = 2
+    branch_temperature: float = 1.0
     draft_vocab: int | None = None
     max_requests: int = 4096
     seed: int = 0
@@ -117,7 +132,12 @@ class ReAnchorConfig:
         _check_choice("region", self.region, REGIONS)
         if not isinstance(self.root_site, bool):
             raise ValueError(f"ReAnchorConfig.root_site must be a bool, got {self.root_site!r}")
-        for name in ("node_budget", "max_requests"):
+        if isinstance(self.branch_width, bool) or not isinstance(self.branch_width, int) or self.branch_width < 0:
+            raise ValueError(f"ReAnchorConfig.branch_width must be an int >= 0 (0 = no branching), got {self.branch_width!r}")
+        t = self.branch_temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ValueError(f"ReAnchorConfig.branch_temperature must be a float > 0, got {t!r}")
+        for name in ("node_budget", "max_requests", "branch_rows", "branch_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ReAnchorConfig.{name} must be an int >= 1, got {value!r}")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .branching import branch_candidates
 from .config import ReAnchorConfig
 from .suffix import SuffixBatch
 from .tree import DraftTree, build_draft_tree
@@ -180,24 +181,42 @@ class RoundCore:
             deepest = min(deepest, config.max_depth)
         return min(deepest + 1, max_nodes if max_nodes is not None else deepest + 1)
 
+    @property
+    def num_rows(self) -> int:
+        """Rows of the grid a tree is merged on: the baseline, the shifted rows, the branches."""
+        config = self.config
+        branches = min(config.branch_rows, self.num_drafts * config.branch_width) if config.branch_width else 0
+        return 1 + len(config.offsets) + branches
+
     def width(self, node_budget: int | None = None) -> int:
         """``N``: the tree width for a budget (a host number)."""
         budget = self.config.node_budget if node_budget is None else node_budget
-        return min(budget, (1 + len(self.config.offsets)) * (1 + self.num_drafts))
+        return min(budget, self.num_rows * (1 + self.num_drafts))
 
     def anchors(self, bonus: Tensor, prefix_lens: Tensor, suffix: SuffixBatch, fill_token: int) -> DraftAnchors:
         """Block anchors (`draft_anchors`)."""
         return draft_anchors(bonus, prefix_lens, suffix, self.offsets, fill_token)
 
     def tree(self, blocks: Tensor, anchors: DraftAnchors, suffix: SuffixBatch,
-             node_budget: int | None = None, generator: torch.Generator | None = None) -> DraftTree:
+             node_budget: int | None = None, generator: torch.Generator | None = None,
+             baseline_logits: Tensor | None = None, token_ids: Tensor | None = None) -> DraftTree:
         """The draft tree of ``blocks`` (``[bs, 1+R, W]``: row 0 the baseline block), ``width(node_budget)``
-        wide (``generator``: overrides the core's, for ``policy="random"``)."""
+        wide (``generator``: overrides the core's, for ``policy="random"``).
+
+        With ``config.branch_width``, ``baseline_logits`` (``[bs, n, V']``: the drafter's logits at
+        the baseline's slots ``1 .. n``; ``token_ids`` ``[V']`` when over a reduced vocabulary)
+        give the branches (`sglang_reanchor.branching`).
+        """
         config = self.config
         if node_budget is not None and node_budget != config.node_budget:
             config = config.replace(node_budget=node_budget)
+        branches = None
+        if config.branch_width:
+            if baseline_logits is None:
+                raise ValueError("ReAnchorConfig.branch_width needs the baseline block's logits (baseline_logits)")
+            branches = branch_candidates(blocks[:, 0], baseline_logits, config, token_ids)
         return build_draft_tree(blocks[:, 0], blocks[:, 1:], self.offsets, anchors.row_valid, suffix.tokens,
-                                config, generator=generator or self.generator)
+                                config, generator=generator or self.generator, branches=branches)
 
     def accept(self, tree: DraftTree, next_tokens: Tensor, top1: Tensor) -> Acceptance:
         """Acceptance with the target's picks (``[bs, N]``), path ``min(stride, N)`` wide, suffix ``X``."""

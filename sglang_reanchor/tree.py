@@ -51,7 +51,20 @@ from attention.masks import padded_ancestor_mask
 
 from .config import ReAnchorConfig
 
-__all__ = ["DraftTree", "build_draft_tree"]
+__all__ = ["Branches", "DraftTree", "build_draft_tree"]
+
+
+@dataclass(frozen=True)
+class Branches:
+    """Alternative drafts of the baseline block: short chains hanging below it (`sglang_reanchor.branching`).
+
+    Row ``m`` is the ``m``-th alternative token at depth ``sites[b, m]`` followed by the
+    baseline's own later drafts; only its first ``lengths[b, m]`` tokens become nodes.
+    """
+
+    tokens: Tensor  # [bs, M, W] long: [alternative, g_{t+1}, ..., ] (past lengths: unused)
+    sites: Tensor  # [bs, M] long: depth t >= 1 of the alternative; -1 = no branch
+    lengths: Tensor  # [bs, M] long in [1, W]: tokens of the row that become nodes
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,7 @@ class DraftTree:
     parents: Tensor  # [bs, N] long: parent node id; -1 for the root and for padding
     depth: Tensor  # [bs, N] long: depth below the root (root 0)
     num_nodes: Tensor  # [bs] long: real nodes per request
-    source_row: Tensor  # [bs, N] long: drafter row that created the node (0 baseline, r+1 shifted row r)
+    source_row: Tensor  # [bs, N] long: row that created the node (0 baseline, r+1 shifted row r, then branches)
     row_sites: Tensor  # [bs, R] long: depth where shifted row r's anchor sits; -1 = not attached
     ancestors: Tensor  # [bs, N, N] bool: [b, i, j] iff j is i or an ancestor of i (padding: itself only)
 
@@ -205,8 +218,9 @@ def build_draft_tree(
     config: ReAnchorConfig,
     generator: torch.Generator | None = None,
     sites: Tensor | None = None,
+    branches: Branches | None = None,
 ) -> DraftTree:
-    """Attach shifted blocks to the baseline chain and merge them into one trie.
+    """Attach shifted blocks (and branches) to the baseline chain and merge them into one trie.
 
     Parameters
     ----------
@@ -232,6 +246,10 @@ def build_draft_tree(
         ``[bs, R]`` long, optional: attach row ``r`` at exactly this depth,
         bypassing ``config.policy`` (-1 = skip). For analysis, e.g. verifying one
         row at several sites (the paper's Table 8).
+    branches:
+        Alternative drafts of the baseline block (`sglang_reanchor.branching`): short
+        chains hanging below the baseline, created after the shifted rows (so a node
+        budget drops them first), kept whole by the ``region`` ablation.
 
     Returns
     -------
@@ -260,6 +278,14 @@ def build_draft_tree(
     else:
         attached = row_valid & (sites >= 0) & (sites <= width) & ((sites > 0) | (shifted[:, :, 0] == baseline[:, :1]))
         sites = sites.clamp(min=0)
+    shifted_rows = rows
+    row_len = None
+    if branches is not None:  # more rows, at their own sites, each kept to its length
+        shifted = torch.cat([shifted, branches.tokens], dim=1)
+        attached = torch.cat([attached, branches.sites >= 1], dim=1)
+        sites = torch.cat([sites, branches.sites.clamp(min=0)], dim=1)
+        row_len = torch.cat([torch.full_like(sites[:, :rows], width), branches.lengths], dim=1)
+        rows = shifted.shape[1]
     # an attached row hangs at depth <= W; a row left out may name a site past the block
     # (an offset d > W): it keeps no cell, but its grid indices must stay in range
     sites = sites.clamp(max=width)
@@ -279,8 +305,12 @@ def build_draft_tree(
 
     # ---- candidate cells: the baseline's W, each attached row's W (region, depth cap)
     keep_rows = attached[:, :, None] & in_row
+    if row_len is not None:
+        keep_rows = keep_rows & (k < row_len[:, :, None])
     if config.region != "all":
-        region = _region_keep(config, baseline, shifted, sites, sites[:, :, None] + t[:width], width)  # [bs, R, W]
+        region = _region_keep(config, baseline, shifted[:, :shifted_rows], sites[:, :shifted_rows],
+                              sites[:, :shifted_rows, None] + t[:width], width)  # [bs, R, W]
+        region = torch.cat([region, torch.ones_like(shifted[:, shifted_rows:], dtype=torch.bool)], dim=1)
         keep_rows = keep_rows & region.gather(2, k_in)
     keep = torch.cat([(t < width).expand(bs, 1, grid), keep_rows], dim=1)  # [bs, 1+R, G]
     if config.max_depth is not None:  # a node's parent is shallower, so the cut leaves a tree
@@ -314,16 +344,17 @@ def build_draft_tree(
     anc = torch.zeros(bs, (n + 1) * (n + 1), dtype=torch.bool, device=dev)
     anc = anc.scatter_(1, torch.cat([flat, diagonal], dim=1), True).view(bs, n + 1, n + 1)[:, :n, :n]
 
-    # a row is attached where its anchor's cell is kept and inside the budget
-    anchor_kept = keep_rows.gather(2, sites[:, :, None]).squeeze(2)  # (implies attached)
-    anchor_node = cell_node[:, 1:].gather(2, sites[:, :, None]).squeeze(2)
+    # a row is attached where its anchor's cell is kept and inside the budget (shifted rows only)
+    site = sites[:, :shifted_rows, None]
+    anchor_kept = keep_rows[:, :shifted_rows].gather(2, site).squeeze(2)  # (implies attached)
+    anchor_node = cell_node[:, 1 : 1 + shifted_rows].gather(2, site).squeeze(2)
     return DraftTree(
         tokens=out[:, 0],
         parents=out[:, 1],
         depth=out[:, 2],
         num_nodes=in_budget.sum(dim=1),
         source_row=out[:, 3],
-        row_sites=torch.where(anchor_kept & (anchor_node < n), sites, -1),
+        row_sites=torch.where(anchor_kept & (anchor_node < n), sites[:, :shifted_rows], -1),
         ancestors=anc,
     )
 

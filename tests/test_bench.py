@@ -249,7 +249,7 @@ def test_diagnostic_generator_is_exact_and_attaches_every_site(pair):
     target, drafter = pair
     ids = [1, 3, 4, 5, 3]
     plain = SpeculativeGenerator(target, drafter).generate(ids, 24, method="target").tokens
-    res = analysis.DiagnosticGenerator(target, drafter, ReAnchorConfig(offsets=(1, 2))).generate(ids, 24, trace=True)
+    res = analysis.diagnostic_generator(target, drafter, ReAnchorConfig(offsets=(1, 2))).generate(ids, 24, trace=True)
     assert res.tokens == plain
     for r in res.rounds:
         base = r.blocks[0].tolist()

@@ -49,8 +49,8 @@ def test_interrupted_request_releases_its_state(gen, monkeypatch):
     calls = {"n": 0}
     original = gen._commit
 
-    def commit_then_abort(*args):
-        original(*args)
+    def commit_then_abort(*args, **kwargs):
+        original(*args, **kwargs)
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt

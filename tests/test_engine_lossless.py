@@ -58,6 +58,11 @@ def make_case(case: int, tmp_path):
         config = config.replace(max_depth=cut.choice([1, 2, 3, block - 1, block + 2]),
                                 draft_slots=cut.choice([None, 2, 3, block // 2 + 1, block]),
                                 batch_node_budget=cut.choice([None, 1, 3, block]))
+    # and two cases in five branch on the drafter's runner-up tokens (own stream again)
+    branch = random.Random(20_000 + case)
+    if branch.random() < 0.4:
+        config = config.replace(branch_width=branch.choice([1, 2, 3]), branch_rows=branch.choice([1, 3, 8]),
+                                branch_length=branch.choice([1, 2, 4]), branch_temperature=branch.choice([0.5, 1.0, 3.0]))
     return target, drafter, config, prompt, max_new
 
 
@@ -90,15 +95,17 @@ def test_speculative_tokens_equal_hf_greedy(case, tmp_path):
 
 
 def test_cases_exercise_deep_trees_and_shifted_rows(tmp_path):
-    """The lossless cases above are not vacuous: rounds accept several drafts, some via shifted rows."""
-    deep = shifted = rounds = 0
+    """The lossless cases above are not vacuous: rounds accept several drafts, some via shifted rows,
+    some via branches."""
+    deep = shifted = branched = rounds = 0
     for case in range(NUM_CASES):
         target, drafter, config, prompt, max_new = make_case(case, tmp_path)
         result = SpeculativeGenerator(target, drafter, config).generate(prompt, max_new, method="reanchor")
         rounds += len(result.acceptance_lengths)
         deep += sum(t >= 4 for t in result.acceptance_lengths)
         shifted += sum(result.shifted_accepts)
-    assert rounds > 300 and deep >= 20 and shifted >= 5, (rounds, deep, shifted)
+        branched += sum(result.branch_accepts)
+    assert rounds > 300 and deep >= 20 and shifted >= 5 and branched >= 5, (rounds, deep, shifted, branched)
 
 
 def test_eos_stops_generation():

@@ -278,3 +278,57 @@ def test_explicit_sites_override_the_policy():
         torch.zeros(1, 3, dtype=torch.long), cfg, sites=torch.tensor([[-1, 0]]),  # 0: anchor 1 != root 9
     )
     assert skipped.row_sites.tolist() == [[-1, -1]] and int(skipped.num_nodes[0]) == 5
+
+
+# ---- branches ------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree_inputs(), st.data())
+def test_branches_join_the_trie_after_the_rows(inputs, data):
+    """Branches (`tree.Branches`) are chains below the baseline, inserted after the shifted rows."""
+    from sglang_reanchor.tree import Branches
+
+    baseline, shifted, offsets, valid, rejected, cfg = inputs
+    bs, block = len(baseline), len(baseline[0])
+    m = data.draw(st.integers(1, 4))
+    tok = st.integers(0, 4)
+    b_tokens = [[data.draw(st.lists(tok, min_size=block, max_size=block)) for _ in range(m)] for _ in range(bs)]
+    b_sites = [[data.draw(st.integers(-1, block - 1)) for _ in range(m)] for _ in range(bs)]
+    b_lens = [[data.draw(st.integers(1, block)) for _ in range(m)] for _ in range(bs)]
+    branches = Branches(torch.tensor(b_tokens), torch.tensor(b_sites), torch.tensor(b_lens))
+    rows = len(offsets)
+    tree = build_draft_tree(
+        torch.tensor(baseline), torch.tensor(shifted, dtype=torch.long).reshape(bs, rows, block),
+        offsets=torch.tensor(offsets, dtype=torch.long), row_valid=torch.tensor(valid, dtype=torch.bool).reshape(bs, rows),
+        rejected_tokens=torch.tensor(rejected), config=cfg, branches=branches,
+    )
+    for b in range(bs):
+        rows_b = [r for r, v in zip(shifted[b], valid[b]) if v]
+        offs = [d for d, v in zip(offsets, valid[b]) if v]
+        full = cfg.replace(node_budget=10_000)
+        tokens, parents, depth, _ = oracle_tree(baseline[b], rows_b, offs, rejected[b], full)
+        # the branches, in order, each below baseline node site - 1 (the oracle's trie, continued)
+        child = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens)) if p >= 0}
+        base_nodes = [0]  # the baseline chain's nodes, root first
+        for j in range(1, block):
+            if (base_nodes[-1], baseline[b][j]) not in child:
+                break  # cut by the depth cap
+            base_nodes.append(child[(base_nodes[-1], baseline[b][j])])
+        cap = cfg.max_depth if cfg.max_depth is not None else 2 * block
+        for row, site, length in zip(b_tokens[b], b_sites[b], b_lens[b]):
+            if site < 1 or site - 1 >= len(base_nodes):
+                continue
+            cur = base_nodes[site - 1]
+            for k, t in enumerate(row[:length]):
+                if site + k > cap:
+                    break
+                if (cur, t) not in child:
+                    child[(cur, t)] = len(tokens)
+                    tokens.append(t)
+                    parents.append(cur)
+                    depth.append(site + k)
+                cur = child[(cur, t)]
+        n = min(len(tokens), cfg.node_budget)
+        assert tree_lists(tree, b) == (tokens[:n], parents[:n], depth[:n])
+        assert int(tree.source_row[b, :n].max()) <= rows + m

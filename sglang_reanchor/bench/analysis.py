@@ -8,7 +8,7 @@ samples and datasets; `ratio` turns them into percentages.
   verifier computed it: ``top1`` of the node's parent).
 - `start_token_alignment` (Table 5): per shifted row ``d``, where its anchor ``a_d``
   occurs among the baseline drafts ``g_1..g_{B-1}``.
-- `earliest_win` (Table 8): on rounds of the diagnostic pass (`DiagnosticGenerator`,
+- `earliest_win` (Table 8): on rounds of the diagnostic pass (`DiagnosticProposer`,
   every shifted row attached at every matching site), whether the earliest site's
   path ties the best accepted length among all paths, baseline included.
 - `histogram` (Figure 2): per-round acceptance lengths.
@@ -25,11 +25,14 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..engine.generator import RoundTrace, SpeculativeGenerator, _Draft
+from ..config import ReAnchorConfig
+from ..drafter import DFlashDrafter
+from ..engine.generator import RoundTrace, SpeculativeGenerator
+from ..engine.proposers import Draft, ReAnchorProposer
 from ..tree import DraftTree, build_draft_tree
 
 __all__ = [
-    "DiagnosticGenerator", "budget_taus", "capped_taus", "earliest_win", "histogram", "path_accept_length",
+    "DiagnosticProposer", "diagnostic_generator", "budget_taus", "capped_taus", "earliest_win", "histogram", "path_accept_length",
     "post_rejection_agreement", "ratio", "start_token_alignment",
 ]
 
@@ -118,7 +121,7 @@ def earliest_win(rounds: Iterable[RoundTrace], max_sites: int = MAX_SITES) -> di
     and the baseline path get their accepted length from the verified ``top1``.
     A group is *tested* when one of its paths ties the round's maximum; the
     earliest site *wins* when its path ties it too. Only the first ``max_sites``
-    sites of a row were verified (`DiagnosticGenerator`); ``capped`` counts the
+    sites of a row were verified (`DiagnosticProposer`); ``capped`` counts the
     groups that had more.
     """
     c = {"groups": 0, "tested": 0, "wins": 0, "capped": 0}
@@ -192,7 +195,7 @@ def mean_tree_size(rounds: Iterable[RoundTrace], budget: int) -> float:
     return sum(sizes) / len(sizes) if sizes else float("nan")
 
 
-class DiagnosticGenerator(SpeculativeGenerator):
+class DiagnosticProposer(ReAnchorProposer):
     """ReAnchor that attaches every shifted row at *every* matching baseline site.
 
     Used only for Table 8: one target forward verifies every attachment path of
@@ -201,8 +204,8 @@ class DiagnosticGenerator(SpeculativeGenerator):
     row goes to its first `MAX_SITES` matching sites at most.
     """
 
-    def _build_tree(self, draft: _Draft, node_budget: int, tree_rng: torch.Generator) -> DraftTree:
-        del node_budget, tree_rng  # lifted: every site of every row is verified, none drawn
+    def tree(self, draft: Draft, node_budget: int, generator: torch.Generator) -> DraftTree:
+        del node_budget, generator  # lifted: every site of every row is verified, none drawn
         blocks, offsets, rejected = draft.valid_rows()
         base, rows = blocks[:, 0], blocks[:, 1:]  # [1, B], [1, R, B]
         dup_rows, dup_offsets, dup_sites = [], [], []
@@ -221,6 +224,11 @@ class DiagnosticGenerator(SpeculativeGenerator):
             offsets=torch.tensor(dup_offsets, dtype=torch.long, device=dev),
             row_valid=torch.ones(1, len(dup_rows), dtype=torch.bool, device=dev),
             rejected_tokens=rejected,
-            config=self.config.replace(node_budget=DIAGNOSTIC_BUDGET, region="all"),
+            config=self.drafting.core.config.replace(node_budget=DIAGNOSTIC_BUDGET, region="all"),
             sites=torch.tensor([dup_sites], dtype=torch.long, device=dev),
         )
+
+
+def diagnostic_generator(target: torch.nn.Module, drafter: DFlashDrafter, config: ReAnchorConfig) -> SpeculativeGenerator:
+    """A generator whose ``"reanchor"`` method is `DiagnosticProposer`'s (the Table 8 pass)."""
+    return SpeculativeGenerator(target, drafter, config, proposers={"reanchor": DiagnosticProposer})

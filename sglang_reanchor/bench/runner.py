@@ -9,7 +9,7 @@ T = 0), so later turns are the same prompt for everyone.
 With ``trace`` the engine records every round (`RoundTrace`) and the analysis
 counts of `analysis.py` are computed at once and kept in ``Record.stats``; the
 traces themselves are dropped. ``diagnostic`` samples also get one untimed
-`DiagnosticGenerator` pass (Table 8), recorded under the method ``"diagnostic"``.
+`analysis.DiagnosticProposer` pass (Table 8), recorded under the method ``"diagnostic"``.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Runner:
                 vocab = top_tokens(drafter.vocab_ranking, s.draft_vocab, "the drafter's draft vocabulary")
             self.generators[s.label] = SpeculativeGenerator(*pairs[dtype], config, budget_policy=policy,
                                                             draft_vocab=vocab)
-        self.diagnostic = analysis.DiagnosticGenerator(target, drafter, base_config)
+        self.diagnostic = analysis.diagnostic_generator(target, drafter, base_config)
 
     def run(self, samples: Sequence[Sample], desc: str = "bench") -> list[Record]:
         """Every method on every turn of every sample; returns one `Record` per response."""

@@ -1,13 +1,14 @@
 """`SpeculativeGenerator`: the reference ReAnchor engine over Hugging Face models.
 
 The decoding loop is `SpeculativeGenerator._speculate`; read it top to bottom:
-prefill -> propose (one drafter forward: baseline + shifted blocks) -> build the
-tree -> verify (one target forward over every node) -> accept -> commit (keep the
-accepted path's KV and features, store the rejected suffix) -> stop check.
+prefill -> propose (a `Proposer`: one drafter forward, then the tree) -> verify (one
+target forward over every node) -> accept -> commit (keep the accepted path's KV and
+features, store the rejected suffix) -> stop check. The device steps are the round
+core's (`sglang_reanchor.round`), the same ones SGLang's worker runs.
 
-Methods: ``"target"`` (plain decoding with a KV cache), ``"dflash"`` (the baseline
-block verified as a chain) and ``"reanchor"`` (baseline plus shifted blocks,
-verified as a tree). ``config.max_depth`` caps both at that many drafts deep. All three emit exactly the target's tokens at T=0 and the
+Methods: ``"target"`` (plain decoding with a KV cache), ``"dflash"`` (`ChainProposer`:
+the baseline block verified as a chain) and ``"reanchor"`` (`ReAnchorProposer`:
+baseline plus shifted blocks, verified as a tree); ``self.proposers`` maps the names. ``config.max_depth`` caps both at that many drafts deep. All three emit exactly the target's tokens at T=0 and the
 target's distribution at T>0; only the speed differs.
 
 With a `BudgetPolicy` (``budget_policy=``), ReAnchor picks each round's node budget
@@ -23,7 +24,7 @@ it costs nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -33,19 +34,21 @@ from torch import Tensor
 
 from ..budget import BudgetPolicy
 from ..config import ReAnchorConfig
-from ..drafter import DFlashDrafter, DraftContextCache, DraftVocabHead, draft_blocks
+from ..drafter import DFlashDrafter, DraftContextCache, DraftVocabHead
 from ..drafter.draft_vocab import top_tokens
 from ..sampling import SamplingParams, TokenDraw
-from ..round import CommitPlan, DraftAnchors, RoundCore
-from ..suffix import SuffixBatch, SuffixStore
+from ..round import CommitPlan, RoundCore
+from ..suffix import SuffixStore
 from ..tree import DraftTree
 from ..verify import Acceptance
+from .proposers import ChainProposer, Draft, Drafting, Proposer, ReAnchorProposer
 from .target import TargetModel
 
 __all__ = ["METHODS", "GenerationResult", "RoundTrace", "SpeculativeGenerator"]
 
 Method = Literal["target", "dflash", "reanchor"]
 METHODS: tuple[str, ...] = ("target", "dflash", "reanchor")
+PROPOSERS: dict[str, Callable[[Drafting], Proposer]] = {"dflash": ChainProposer, "reanchor": ReAnchorProposer}
 ENGINE_SLOTS = 64  # concurrent generate() calls holding a rejected suffix (bounded by config.max_requests)
 
 
@@ -73,24 +76,6 @@ class RoundTrace:
         return int(self.accepted_nodes.shape[0])
 
 
-@dataclass(frozen=True)
-class _Draft:
-    """One drafter forward's output for one request, before it becomes a tree."""
-
-    blocks: Tensor  # [1, 1 + R, 1 + n] long: row 0 baseline, row r shifted (anchor a_d first); R fixed
-    anchors: DraftAnchors  # the blocks' anchors; anchors.row_valid [1, R]: rows the suffix reaches
-    suffix: SuffixBatch  # the rejected suffix the shifted rows drafted from (X entries)
-    offsets: tuple[int, ...]  # [R]: d of each shifted row (the config's, valid or not)
-
-    def valid_rows(self) -> tuple[Tensor, list[int], Tensor]:
-        """``(blocks [1, 1 + R', 1 + n], offsets [R'], rejected_tokens [1, L])`` of the rows the
-        suffix reached, and the suffix's tokens: a host read, for traces and analyses."""
-        keep = [r for r, ok in enumerate(self.anchors.row_valid[0].tolist()) if ok]
-        rows = torch.tensor([0] + [1 + r for r in keep], device=self.blocks.device)
-        length = int(self.suffix.lengths[0])
-        return self.blocks[:, rows], [self.offsets[r] for r in keep], self.suffix.tokens[:, :length]
-
-
 @dataclass
 class GenerationResult:
     """What one `generate` call produced, and how fast."""
@@ -104,6 +89,7 @@ class GenerationResult:
     decode_seconds: float
     tree_sizes: list[int] = field(default_factory=list)  # verified nodes per round
     shifted_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by shifted rows
+    branch_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by branches
     rounds: list[RoundTrace] | None = None  # per verify round, only with generate(..., trace=True)
 
     @property
@@ -153,6 +139,9 @@ class SpeculativeGenerator:
         Optional ``[K]`` token ids: drafts are the argmax over these tokens only
         (`DraftVocabHead`, e.g. ``drafter.vocab_ranking[:K]``), a ``K / V`` share of the
         drafter's LM-head work. The output is unchanged; only the drafts differ.
+    proposers:
+        Optional ``{method: Proposer class}`` replacing or adding drafting methods
+        (`sglang_reanchor.engine.proposers`); the defaults are ``"dflash"`` and ``"reanchor"``.
     """
 
     def __init__(
@@ -163,6 +152,7 @@ class SpeculativeGenerator:
         tokenizer: object | None = None,
         budget_policy: BudgetPolicy | None = None,
         draft_vocab: Tensor | None = None,
+        proposers: Mapping[str, Callable[[Drafting], Proposer]] | None = None,
     ) -> None:
         drafter.validate_target(target.config)
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
@@ -196,6 +186,11 @@ class SpeculativeGenerator:
         self.suffixes = SuffixStore(min(self.config.max_requests, ENGINE_SLOTS), self.config.max_offset,
                                     drafter.fc.in_features, device=dev, dtype=self.target.dtype)
         self._free_slots = list(range(self.suffixes.num_slots))
+        drafting = Drafting(self.drafter, self.target.embed_tokens, self.draft_head, self.core, self.suffixes,
+                            self._num_drafts, self._num_slots)
+        # the drafting methods by name ("target" has none: plain decoding)
+        self.proposers: dict[str, Proposer] = {name: make(drafting) for name, make in
+                                               {**PROPOSERS, **(proposers or {})}.items()}
         # On a CPU a host read costs nothing and every padding node is a verified token: trees are
         # cut to their real width there. Elsewhere the round keeps its fixed shapes.
         self._trim_trees = dev.type == "cpu"
@@ -250,8 +245,9 @@ class SpeculativeGenerator:
         verify round (an extra argmax over the verified logits per round).
         """
         prompt = self._check_prompt(input_ids, max_new_tokens)
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
+        if method != "target" and method not in self.proposers:
+            names = ("target", *self.proposers)
+            raise ValueError(f"method must be one of {', '.join(map(repr, names))}; got {method!r}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
         # a seed keys every draw by position: the same tokens with every method
         draw = TokenDraw(params, seed=seed) if seed is not None else TokenDraw(
@@ -283,36 +279,40 @@ class SpeculativeGenerator:
         tree_rng: torch.Generator | None = None,
     ) -> GenerationResult:
         t0 = time.perf_counter()
-        req = self._prefill(prompt, draw, slot, with_drafter=method != "target")
-        out, taus, sizes, shifted_hits = [req.bonus], [], [], []
+        proposer = self.proposers.get(method)  # None: plain decoding
+        req = self._prefill(prompt, draw, slot, with_drafter=proposer is not None)
+        out, taus, sizes, shifted_hits, branch_hits = [req.bonus], [], [], [], []
+        rows = len(self.config.offsets)  # source rows 1..R are shifted rows, later ones branches
         rounds: list[RoundTrace] | None = [] if trace else None
-        budget = self.budget_policy.start() if self.budget_policy and method == "reanchor" else None
+        budget = self.budget_policy.start() if self.budget_policy and proposer and proposer.uses_budget else None
         t1 = time.perf_counter()
         while not self._finished(out, max_new):
-            if method == "target":
+            if proposer is None:
                 out.append(self._decode_one(req, draw))
                 continue
             node_budget = budget.next_budget() if budget else self.config.node_budget
             node_budget = min(node_budget, self.config.batch_node_budget or node_budget)  # batch 1
             # one drafter forward, then one target forward over every node
-            tree, draft = self._propose(req, shifted=method == "reanchor", node_budget=node_budget,
-                                        tree_rng=tree_rng or self._tree_rng)
+            tree, draft = proposer.propose(req.draft_cache, req.slot, req.seq_len, req.bonus, node_budget,
+                                           tree_rng or self._tree_rng)
             if self._trim_trees:
                 tree = tree.trimmed()
             positions = tree.positions(torch.tensor([req.seq_len], device=tree.tokens.device))
             verified = self.target.forward(tree.tokens, positions, req.cache, tree.ancestors[0])
             top1 = verified.logits.argmax(-1)
-            acc = self.core.accept(tree, top1 if draw.params.greedy else draw(verified.logits[0], positions[0])[None],
-                                   top1)
+            picks = top1 if draw.params.greedy else draw(verified.logits[0], positions[0])[None]
+            acc = self.core.accept(tree, picks, top1)
             if rounds is not None:
                 rounds.append(_trace_round(req.seq_len, tree, draft, acc, verified.logits))
             plan = self.core.commit(tree, acc, torch.tensor([req.seq_len], device=tree.tokens.device))
             taus.append(int(plan.commit_lens[0]))
             out += plan.out_tokens[0, : taus[-1]].tolist()
-            self._commit(req, acc, plan, verified.features)
+            self._commit(req, acc, plan, verified.features, keep_suffix=proposer.stores_suffix)
             sizes.append(int(tree.num_nodes[0]))
             path = acc.accepted_nodes[0, : taus[-1]]
-            shifted_hits.append(int((tree.source_row[0, path] > 0).sum()))
+            source = tree.source_row[0, path]
+            shifted_hits.append(int(((source > 0) & (source <= rows)).sum()))
+            branch_hits.append(int((source > rows).sum()))
             if budget:
                 budget.observe(path, node_budget, sizes[-1])
         tokens, reason = self._truncate(out, max_new)
@@ -326,6 +326,7 @@ class SpeculativeGenerator:
             decode_seconds=time.perf_counter() - t1,
             tree_sizes=sizes,
             shifted_accepts=shifted_hits,
+            branch_accepts=branch_hits,
             rounds=rounds,
         )
 
@@ -354,42 +355,7 @@ class SpeculativeGenerator:
         req.bonus = int(draw(out.logits[:, -1], torch.tensor([req.seq_len - 1], device=out.logits.device))[0])
         return req.bonus
 
-    def _propose(self, req: _Request, *, shifted: bool, node_budget: int,
-                 tree_rng: torch.Generator) -> tuple[DraftTree, _Draft]:
-        """Draft the baseline block (and, for ReAnchor, the shifted blocks) in one forward;
-        ReAnchor's tree keeps at most ``node_budget`` nodes."""
-        dev = self.target.device
-        prefix = torch.tensor([req.seq_len], device=dev)
-        bonus = torch.tensor([req.bonus], device=dev)
-        suffix = self.suffixes.gather(torch.tensor([req.slot], device=dev), prefix)
-        if not shifted:  # DFlash: the baseline block alone, no suffix read
-            suffix = SuffixBatch(suffix.lengths * 0, suffix.tokens[:, :0], suffix.predictions[:, :0],
-                                 suffix.features[:, :0])
-            anchors = DraftAnchors(bonus[:, None], prefix[:, None], torch.zeros_like(prefix)[:, None],
-                                   torch.zeros(1, 0, dtype=torch.bool, device=dev))
-        else:
-            anchors = self.core.anchors(bonus, prefix, suffix, fill_token=self.drafter.mask_token_id)
-        blocks = draft_blocks(
-            self.drafter,
-            req.draft_cache,
-            anchors=anchors.tokens,
-            anchor_positions=anchors.positions,
-            extra_features=suffix.features if suffix.features.shape[1] else None,
-            extra_visible=anchors.visible,
-            embed_tokens=self.target.embed_tokens,
-            lm_head=self.draft_head,
-            num_drafts=self._num_drafts,
-            num_slots=self._num_slots,
-        )  # [1, 1 + R, 1 + n]: n = B - 1 drafts, or max_depth
-        draft = _Draft(blocks=blocks, anchors=anchors, suffix=suffix,
-                       offsets=self.config.offsets if shifted else ())
-        return (self._build_tree(draft, node_budget, tree_rng) if shifted else DraftTree.chain(blocks[:, 0])), draft
-
-    def _build_tree(self, draft: _Draft, node_budget: int, tree_rng: torch.Generator) -> DraftTree:
-        """Attach the shifted rows to the baseline chain (``self.config``'s policy)."""
-        return self.core.tree(draft.blocks, draft.anchors, draft.suffix, node_budget, generator=tree_rng)
-
-    def _commit(self, req: _Request, acc: Acceptance, plan: CommitPlan, features: Tensor) -> None:
+    def _commit(self, req: _Request, acc: Acceptance, plan: CommitPlan, features: Tensor, keep_suffix: bool) -> None:
         """Keep the accepted path in both caches; store the rejected suffix for the next round."""
         s, t = req.seq_len, int(plan.commit_lens[0])
         path = plan.path_nodes[0, :t]
@@ -397,7 +363,7 @@ class SpeculativeGenerator:
         positions = torch.arange(s, s + t, device=self.target.device)[None]
         req.draft_cache.append(self.drafter.project_context(features[:, path], positions))
         req.seq_len, req.bonus = s + t, int(acc.bonus[0])
-        if self.config.max_offset:
+        if keep_suffix and self.config.max_offset:
             self.suffixes.put(torch.tensor([req.slot], device=self.target.device),
                               *self.core.next_suffix(acc, plan, features))
 
@@ -447,7 +413,7 @@ class SpeculativeGenerator:
         return ids.long().to(self.target.device)
 
 
-def _trace_round(seq_len: int, tree: DraftTree, draft: _Draft, acc: Acceptance, logits: Tensor) -> RoundTrace:
+def _trace_round(seq_len: int, tree: DraftTree, draft: Draft, acc: Acceptance, logits: Tensor) -> RoundTrace:
     """The `RoundTrace` of one verify round (batch 1; ``logits``: ``[1, N, V]``), copied to CPU."""
     cpu = torch.device("cpu")
     t = int(acc.accept_lengths[0])

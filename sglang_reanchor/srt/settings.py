@@ -39,7 +39,7 @@ def parse_config(text: str) -> ReAnchorConfig:
     >>> parse_config('{"ofsets": [1]}')
     Traceback (most recent call last):
     ...
-    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, draft_vocab, max_requests, seed
+    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, branch_width, branch_rows, branch_length, branch_temperature, draft_vocab, max_requests, seed
     """
     source = text.strip()
     if not source.startswith("{"):
