@@ -98,9 +98,11 @@ ROUNDS = [
      ('{"offsets": []}', "dflash", "triton"),
      ('{"policy": "offset", "offsets": [1, 2], "max_depth": 3}', "reanchor", "reanchor_sdpa"),
      ('{"offsets": [], "max_depth": 2}', "dflash", "reanchor_sdpa"),
-     ('{"policy": "offset", "draft_vocab": 32}', "reanchor", "reanchor_sdpa")],
+     ('{"policy": "offset", "draft_vocab": 32}', "reanchor", "reanchor_sdpa"),
+     ('{"policy": "offset", "branch_width": 2, "branch_rows": 4, "draft_vocab": 48}', "reanchor", "reanchor_sdpa"),
+     ('{"offsets": [], "branch_width": 1, "branch_rows": 3, "branch_length": 3}', "reanchor", "reanchor_sdpa")],
     ids=["offset", "offset-triton", "default", "no-offsets-is-dflash", "no-offsets-is-dflash-triton",
-         "offset-max-depth", "dflash-max-depth", "draft-vocab"],
+         "offset-max-depth", "dflash-max-depth", "draft-vocab", "branching", "branching-chain"],
 )
 def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config, method, backend):
     """With no offsets the plugin drafts and verifies DFlash's chain: the oracle is the reference DFlash.

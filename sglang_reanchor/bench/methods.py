@@ -24,6 +24,8 @@ True
 'bfloat16'
 >>> MethodSpec.parse("dflash:draft_vocab=8192").draft_vocab
 8192
+>>> MethodSpec.parse("reanchor:offsets=,branch_width=2,branch_temperature=1.5").config(ReAnchorConfig()).branch_width
+2
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "table6_attachment": ("reanchor:policy=offset", "reanchor:policy=random", "reanchor:policy=longest_prefix"),
     "table7_fixed_offset": ("reanchor:policy=offset",),
 }
-_INT_FIELDS = {"node_budget", "max_requests", "seed", "max_depth", "draft_slots"}
+_INT_FIELDS = {"node_budget", "max_requests", "seed", "max_depth", "draft_slots", "batch_node_budget",
+               "branch_width", "branch_rows", "branch_length"}
+_FLOAT_FIELDS = {"branch_temperature"}
 _CHAIN_FIELDS = {"max_depth", "draft_slots"}  # settings that apply to DFlash's chain too
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 _BOOL_FIELDS = {"root_site"}
@@ -107,6 +111,8 @@ def _convert(key: str, value: str) -> object:
         return tuple(int(v) for v in value.split("/") if v)
     if key in _INT_FIELDS:
         return int(value)
+    if key in _FLOAT_FIELDS:
+        return float(value)
     if key in _BOOL_FIELDS:
         if value.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"{key} takes true/false, got {value!r}")

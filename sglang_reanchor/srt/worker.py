@@ -198,8 +198,9 @@ class ReAnchorWorker(DFlashWorkerV2):
 
         # --- draft: the 1 + R blocks of every request in one drafter forward, then the tree
         anchors = self.core.anchors(batch.spec_info.bonus_tokens.view(-1), prefix, suffix, int(self._mask_token_id))
-        blocks, anchors = self._draft(batch, room.drafted, prefix, seq_lens_cpu, anchors, suffix)
-        tree = self.core.tree(blocks, anchors, suffix, budget)
+        blocks, anchors, logits = self._draft(batch, room.drafted, prefix, seq_lens_cpu, anchors, suffix)
+        tree = self.core.tree(blocks, anchors, suffix, budget, baseline_logits=logits,
+                              token_ids=None if self._draft_vocab is None else self._draft_vocab)
         if self._trim_trees:
             tree = tree.trimmed()
         # room lives on the host (from seq_lens_cpu): these checks read no device memory
@@ -416,34 +417,44 @@ class ReAnchorWorker(DFlashWorkerV2):
                                     candidates=tuple(b for b in (2, 4, 8, 16, 32) if b < top) + (top,))
 
     def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, seq_lens_cpu: torch.Tensor,
-               anchors: DraftAnchors, suffix: SuffixBatch) -> tuple[torch.Tensor, DraftAnchors]:
+               anchors: DraftAnchors, suffix: SuffixBatch) -> tuple[torch.Tensor, DraftAnchors, torch.Tensor | None]:
         """One drafter forward over the 1 + R blocks of every request with ``drafted`` (``[bs]`` bool, host;
         ``seq_lens_cpu``: ``prefix`` on the host).
 
         Returns ``blocks [bs, 1+R, 1+n]`` long, ``n`` drafts per block (``B - 1``, or ``max_depth``:
-        deeper nodes are never verified), and the anchors with ``row_valid`` False for a request not
-        drafted (its blocks are ``[anchor, MASK...]`` and its tree is cut to the root).
+        deeper nodes are never verified), the anchors with ``row_valid`` False for a request not
+        drafted (its blocks are ``[anchor, MASK...]`` and its tree is cut to the root), and with
+        branching the baseline block's logits at its slots ``1 .. n`` (``[bs, n, V']``; else None).
         """
         if bool(drafted.all()):
-            return self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu, anchors,
-                                    suffix), anchors
+            blocks, logits = self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu,
+                                              anchors, suffix)
+            return blocks, anchors, logits
         bs, rows = anchors.tokens.shape
         blocks = torch.full((bs, rows, 1 + self._num_drafts), int(self._mask_token_id), dtype=torch.long,
                             device=prefix.device)
         blocks[:, :, 0] = anchors.tokens
+        logits = None
         if bool(drafted.any()):  # the context end: an eager path (host indices)
             host = drafted.nonzero().squeeze(1)
             idx = host.to(prefix.device)
             part = DraftAnchors(*(getattr(anchors, f)[idx] for f in DraftAnchors.__dataclass_fields__))
             part_suffix = SuffixBatch(*(getattr(suffix, f)[idx] for f in SuffixBatch.__dataclass_fields__))
-            blocks[idx] = self._draft_rows(batch.req_pool_indices[idx], prefix[idx], batch.seq_lens[idx],
-                                           seq_lens_cpu[host], part, part_suffix)
+            blocks[idx], part_logits = self._draft_rows(batch.req_pool_indices[idx], prefix[idx],
+                                                        batch.seq_lens[idx], seq_lens_cpu[host], part, part_suffix)
+            if part_logits is not None:  # requests not drafted verify their root alone: any logits do
+                logits = part_logits.new_zeros(bs, *part_logits.shape[1:])
+                logits[idx] = part_logits
+        if logits is None and self.reanchor.branch_width:
+            logits = torch.zeros(bs, self._num_drafts, 2, device=prefix.device)
         valid = anchors.row_valid & drafted.to(prefix.device)[:, None]
-        return blocks, DraftAnchors(anchors.tokens, anchors.positions, anchors.visible, valid)
+        return blocks, DraftAnchors(anchors.tokens, anchors.positions, anchors.visible, valid), logits
 
     def _draft_rows(self, slots: torch.Tensor, prefix: torch.Tensor, seq_lens: torch.Tensor,
-                    seq_lens_cpu: torch.Tensor, anchors: DraftAnchors, suffix: SuffixBatch) -> torch.Tensor:
-        """The drafter forward for ``bs'`` requests (all ``[bs']``-leading; ``seq_lens_cpu`` on the host)."""
+                    seq_lens_cpu: torch.Tensor, anchors: DraftAnchors,
+                    suffix: SuffixBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter forward for ``bs'`` requests (all ``[bs']``-leading; ``seq_lens_cpu`` on the host):
+        their blocks, and with branching the baseline block's slot logits (`_draft`)."""
         bs, block = prefix.shape[0], self.block_size
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         translator = self.target_worker.model_runner.kv_index_translator
@@ -509,7 +520,16 @@ class ReAnchorWorker(DFlashWorkerV2):
             hidden = out.logits_output.hidden_states.view(bs, -1, block, out.logits_output.hidden_states.shape[-1])
             n = self._num_drafts  # the LM head skips the slots past max_depth
             drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head).view(bs, -1, n)
-        return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2)
+            logits = self._branch_logits(hidden[:, 0, 1:1 + n], lm_head) if self.reanchor.branch_width else None
+        return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2), logits
+
+    def _branch_logits(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
+        """The drafter's logits for branching (``hidden [bs, n, H]`` -> ``[bs, n, V']``): over the draft
+        vocabulary, or over the target's real vocabulary (an SGLang head pads its rows)."""
+        if self._draft_vocab_head is not None:
+            return self._draft_vocab_head(hidden.to(self._draft_vocab_head.weight.dtype))
+        vocab = int(self.target_worker.model_runner.model_config.vocab_size)
+        return torch.nn.functional.linear(hidden.to(lm_head.weight.dtype), lm_head.weight[:vocab])
 
     def _greedy_drafts(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
         """The argmax draft of each row of ``hidden`` (``[M, H]``): over the whole vocabulary (TP-safe,
@@ -523,10 +543,13 @@ class ReAnchorWorker(DFlashWorkerV2):
 
     def _load_draft_vocab(self, server_args: Any) -> torch.Tensor | None:
         """``draft_vocab``: the ``K`` most frequent tokens of the drafter folder's ranking, or None."""
+        tp = int(getattr(server_args, "tp_size", 1) or 1)
+        if self.reanchor.branch_width and tp != 1:
+            raise ValueError("REANCHOR branch_width needs --tp-size 1 (the LM head is split across ranks at TP > 1)")
         k = self.reanchor.draft_vocab
         if k is None:
             return None
-        if int(getattr(server_args, "tp_size", 1) or 1) != 1:
+        if tp != 1:
             raise ValueError("REANCHOR draft_vocab needs --tp-size 1 (the LM head is split across ranks at TP > 1)")
         return load_draft_vocab(server_args.speculative_draft_model_path, k).to(self.device)
 
