@@ -1,6 +1,6 @@
 """ReAnchor: pretrained DFlash drafters that reuse the verifier's rejected-suffix states.
 
-Vocabulary (DESIGN.md §3; ReAnchor, Lee et al., Oct 2026; DFlash, z-lab):
+Vocabulary (docs/design.md; ReAnchor, Lee et al., Oct 2026; DFlash, z-lab):
 
 - *committed*: tokens whose target KV and features are kept; ``s`` is their count.
 - *bonus*: the target's own token at position ``s``, committed but not yet run

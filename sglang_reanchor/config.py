@@ -1,8 +1,9 @@
 """`ReAnchorConfig`: how shifted blocks are drafted and attached to the draft tree.
 
 Every field is checked when the config is built; a bad value raises `ValueError`
-naming the field and the values it allows. The defaults are provisional until the
-cost model of issue 3 picks them by measured tokens/s (see README, "Defaults").
+naming the field and the values it allows. The defaults are the paper's GPU setting
+(offsets 1-3, ``earliest``, 48 nodes); on a CPU, where verified nodes are not free, the
+cost model (`sglang_reanchor.bench.cost`) picks smaller trees by measured tokens/s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ REGIONS: tuple[str, ...] = ("all", "in_block", "beyond")
 
 @dataclass(frozen=True)
 class ReAnchorConfig:
-    """Settings of ReAnchor drafting (DESIGN.md §3).
+    """Settings of ReAnchor drafting (docs/design.md §1).
 
     Attributes
     ----------
