@@ -21,7 +21,8 @@ Sections:
     losslessness: ``dflash`` and ``reanchor`` tokens equal Hugging Face greedy (float32).
 (c) **projection**: tokens/s of target, DFlash and ReAnchor at each batch size, computed
     from (b)'s GPU costs and the tau-against-budget curves traced on the CPU's real pair
-    (``results/gpu_projection_inputs.json``, made by ``scripts/gpu_projection_inputs.py``).
+    (``--inputs``, default ``scripts/data/gpu_projection_inputs.json``, made by
+    ``scripts/gpu_projection_inputs.py`` from two archived runs).
     It is a projection, not a measurement, and says so in its output.
 (d) **FlashInfer**: skipped (its wheel does not fit one 64 MiB transfer to the machine).
 
@@ -51,7 +52,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # gpu_check_attention, imported in `a
 
 import torch  # noqa: E402
 
-DEFAULT_INPUTS = "results/gpu_projection_inputs.json"
+DEFAULT_INPUTS = "scripts/data/gpu_projection_inputs.json"
 FLASHINFER_NOTE = ("skipped: the flashinfer-python wheel (62 MB) and this repository (~18 MB) do not fit "
                    "one 64 MiB transfer to the GPU machine; run scripts/gpu_check_attention.py where "
                    "FlashInfer is installed")
@@ -153,7 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("batch sizes, node counts, block counts and --prefix must be >= 1")
     args.inputs = args.inputs if args.inputs.is_absolute() else ROOT / args.inputs
     if not args.inputs.exists():
-        p.error(f"{args.inputs} is missing: run python scripts/gpu_projection_inputs.py on a checkout with results/")
+        p.error(f"--inputs {args.inputs} is missing: make it with python scripts/gpu_projection_inputs.py "
+                "(its docstring has the command behind the default)")
     return args
 
 
@@ -526,6 +528,7 @@ def projection(models: list[dict], inputs_path: Path) -> dict:
     return {
         "note": PROJECTION_NOTE.format(inputs=rel),
         "inputs": rel, "inputs_made_by": inputs.get("made_by", ""), "pair": inputs.get("pair", ""),
+        "sources": inputs.get("sources", {}),
         "assumptions": [
             "verify(bs, n) is one batched target forward of bs sequences with n tree nodes each after "
             "the measured prefix; draft(bs, r) one drafter forward over r blocks per sequence",
@@ -608,7 +611,7 @@ def markdown(doc: dict) -> str:
     if proj and proj["rows"]:
         lines += ["## (c) Projected tokens/s (a projection, not a measurement)", "", proj["note"], ""]
         lines += [f"- {a}" for a in proj["assumptions"]] + [""]
-        lines += projection_summary(proj["rows"])
+        lines += projection_summary(proj["rows"], proj.get("sources", {}))
         lines += ["", "With the paper's tau instead (Table 2, Qwen3-4B / Qwen3-8B, T = 0, mean of eight benchmarks), "
                   "on this device's measured costs:", "",
                   "| model | batch | method | paper tau | nodes | blocks | round ms | tokens/s | projected speedup "
@@ -632,10 +635,10 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def projection_summary(rows: list[dict]) -> list[str]:
+def projection_summary(rows: list[dict], sources: dict[str, dict]) -> list[str]:
     """One markdown row per (model, batch, tau source): target, DFlash, ReAnchor with the library
     defaults (D = {1,2,3}, earliest, budget 48) and the best ReAnchor (spec and budget) of that source;
-    every (spec, budget) point is in the JSON."""
+    every (spec, budget) point is in the JSON. ``sources``: the inputs' run NAME -> {path, ...}."""
 
     def cell(r: dict | None, with_spec: bool = False) -> str:
         if r is None:
@@ -643,9 +646,9 @@ def projection_summary(rows: list[dict]) -> list[str]:
         spec = f" ({r['label']} @ {r['budget']})" if with_spec else ""
         return f"{r['tokens_per_s']:.0f} / {r['speedup']:.2f}x, tau {r['tau']:.2f}{spec}"
 
+    named = ", ".join(f"`{name}` = {src.get('path', '?')}" for name, src in sources.items())
     out = ["Summary (tokens/s / speedup over the target at the same batch, tau; full (spec, budget) grid in the "
-           "JSON). Sources: `v3` = results/v3/bench_t0 (evaluation prompts), `cost` = results/cost/sweep "
-           "(development prompts, traced to budget 128).", "",
+           f"JSON). Tau sources: {named or 'none named'}.", "",
            "| model | batch | tau source | target tok/s | DFlash | ReAnchor defaults (D={1,2,3}, budget 48) "
            "| best ReAnchor (spec @ budget) |", "|---|---|---|---|---|---|---|"]
     target = {(r["model"], r["batch"]): r for r in rows if r["method"] == "target"}
@@ -659,7 +662,7 @@ def projection_summary(rows: list[dict]) -> list[str]:
         default = next((r for r in ra if r["budget"] == 48 and "policy=" not in r["label"]
                         and ("offsets=" not in r["label"] or "offsets=1/2/3," in r["label"])), None)
         best = max(ra, key=lambda r: r["tokens_per_s"], default=None)
-        out.append(f"| {model} | {bs} | {Path(source).parts[1]} | {target[(model, bs)]['tokens_per_s']:.0f} | "
+        out.append(f"| {model} | {bs} | {source} | {target[(model, bs)]['tokens_per_s']:.0f} | "
                    f"{cell(dflash)} | {cell(default)} | {cell(best, True)} |")
     return out
 

@@ -1,12 +1,17 @@
 """Tau-against-node-budget curves from saved CPU benchmark runs, for the GPU projection.
 
-    python scripts/gpu_projection_inputs.py [--out results/gpu_projection_inputs.json]
+    python scripts/gpu_projection_inputs.py --out scripts/data/gpu_projection_inputs.json \
+        --run v3=results/archive/v3/bench_t0/results.json \
+        --run cost=results/archive/cost/sweep/results.json
 
-Reads traced benchmark records already in ``results/`` (nothing is run: a second or
-two of JSON reading) and writes, per (source run, method), the round-weighted
-acceptance length ``tau(b)`` and tree nodes per round ``nodes(b)`` at every node budget
-``b`` the run can answer, plus drafter blocks per round. ``scripts/gpu_check.py`` reads
-this file and combines it with costs measured on a GPU.
+(the command behind the committed ``scripts/data/gpu_projection_inputs.json``). Reads the
+traced benchmark runs named by ``--run NAME=PATH`` (``results.json`` of
+``python -m sglang_reanchor.bench`` or of ``bench cost``'s sweep; nothing is run: a second or
+two of JSON reading) and writes, per (run, method), the round-weighted acceptance length
+``tau(b)`` and tree nodes per round ``nodes(b)`` at every node budget ``b`` the run can answer,
+plus drafter blocks per round. ``scripts/gpu_check.py --inputs`` reads that file and combines it
+with costs measured on a GPU. A curve's ``source`` is its run's NAME; ``sources`` maps each NAME
+to its path, command and date.
 
 Why a budget curve can come from one run: tree nodes are numbered parents first and a
 budget keeps the lowest ids, so a round verified with budget ``B`` shows what every
@@ -14,12 +19,14 @@ budget keeps the lowest ids, so a round verified with budget ``B`` shows what ev
 ``sglang_reanchor.bench.analysis.budget_taus``). Budgets above the run's own budget are
 dropped: the run never verified those nodes.
 
-Sources (the CPU's real pair, SmolLM2-135M-Instruct + the shipped v2 drafter, T = 0):
+The committed file's runs (SmolLM2-135M-Instruct + the v2 drafter, T = 0; see
+``results/archive/README.md``):
 
-- ``results/v3/bench_t0/results.json``: the current benchmark (evaluation prompts;
-  ReAnchor at budget 48 and fixed-offset D={1} at budget 20);
-- ``results/cost/sweep/results.json``: the cost sweep (development prompts; ReAnchor with
-  D = {1}, {1,2}, {1,2,3} traced at budget 128, so the whole curve up to 128 nodes).
+- ``v3``: ``results/archive/v3/bench_t0/results.json``, evaluation prompts (GSM8K, HumanEval,
+  MT-Bench, AIME25; 10 each); ReAnchor at budget 48 and fixed-offset D={1} at budget 20;
+- ``cost``: ``results/archive/cost/sweep/results.json``, the cost sweep on development prompts
+  (GSM8K, HumanEval; 2 each, ``--skip 50``); ReAnchor with D = {1}, {1,2}, {1,2,3} traced at
+  budget 128, so the whole curve up to 128 nodes.
 """
 
 from __future__ import annotations
@@ -38,13 +45,6 @@ from sglang_reanchor.bench.methods import MethodSpec  # noqa: E402
 from sglang_reanchor.bench.metrics import Record  # noqa: E402
 from sglang_reanchor.config import ReAnchorConfig  # noqa: E402
 
-SOURCES: tuple[tuple[str, str], ...] = (
-    ("results/v3/bench_t0/results.json", "evaluation prompts (GSM8K, HumanEval, MT-Bench, AIME25; 10 each)"),
-    ("results/cost/sweep/results.json", "development prompts (GSM8K, HumanEval; 2 each, --skip 50)"),
-)
-DEFAULT_OUT = "results/gpu_projection_inputs.json"
-
-
 def _stored_config(text: str) -> ReAnchorConfig | None:
     """The `ReAnchorConfig` a run's meta recorded as its repr (fields added since keep their
     defaults); None if it does not parse."""
@@ -57,9 +57,42 @@ def _stored_config(text: str) -> ReAnchorConfig | None:
         return None
 
 
-def curves_from_run(path: Path, label: str) -> list[dict]:
-    """One curve per traced speculative method of the run at ``path`` (relative to the repo)."""
-    run = json.loads((ROOT / path).read_text())
+def prompts_of(command: str) -> str:
+    """The prompts a benchmark command ran on, from its ``--datasets``, ``--skip`` and ``--limit``.
+
+    >>> prompts_of("python -m sglang_reanchor.bench cost --datasets gsm8k humaneval --skip 50 --limit 2 --threads 1")
+    'gsm8k humaneval: samples 50.. (2 each)'
+    """
+    words = command.split()
+
+    def values(flag: str) -> list[str]:
+        if flag not in words:
+            return []
+        rest = words[words.index(flag) + 1:]
+        return rest[:next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
+
+    skip, limit = values("--skip"), values("--limit")
+    return (" ".join(values("--datasets")) or "default datasets") + ": samples " + (skip[0] if skip else "0") + ".." + (
+        f" ({limit[0]} each)" if limit else "")
+
+
+def parse_run(text: str) -> tuple[str, Path]:
+    """``NAME=PATH`` of ``--run`` (NAME: letters, digits, ``_`` and ``-``)."""
+    name, sep, path = text.partition("=")
+    if not sep or not path or not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise argparse.ArgumentTypeError(f"--run takes NAME=PATH (e.g. v3=results/archive/v3/bench_t0/results.json), "
+                                         f"got {text!r}")
+    return name, Path(path)
+
+
+def _resolve(path: Path) -> Path:
+    return path if path.is_absolute() else ROOT / path
+
+
+def curves_from_run(name: str, path: Path) -> list[dict]:
+    """One curve per traced speculative method of the run at ``path`` (relative paths: to the repo)."""
+    run = json.loads(_resolve(path).read_text())
+    label = prompts_of(run["meta"].get("command", ""))
     base = ReAnchorConfig()
     if _stored_config(run["meta"].get("config", "")) != base:
         raise ValueError(f"{path}: base config {run['meta'].get('config')!r} is not the library default; "
@@ -93,36 +126,47 @@ def curves_from_run(path: Path, label: str) -> list[dict]:
                 raise ValueError(f"{path} {method}: budget_tau at {run_budget} ({points[-1]['tau']}) "
                                  f"!= the run's tau ({own})")
         curves.append({
-            "source": str(path), "prompts": label, "method": spec.method, "label": method,
+            "source": name, "prompts": label, "method": spec.method, "label": method,
             "offsets": offsets, "policy": policy, "run_budget": run_budget,
             "responses": len(recs), "rounds": rounds, "blocks_per_round": mean_rows(recs), "points": points,
         })
     return curves
 
 
-def build_inputs() -> dict:
-    """The whole projection-inputs document (see the module docstring)."""
-    curves = [c for path, label in SOURCES for c in curves_from_run(Path(path), label)]
-    meta = {path: json.loads((ROOT / path).read_text())["meta"] for path, _ in SOURCES}
+def build_inputs(runs: list[tuple[str, Path]]) -> dict:
+    """The whole projection-inputs document for the runs ``(NAME, PATH)`` (see the module docstring)."""
+    if not runs:
+        raise ValueError("need at least one run (--run NAME=PATH)")
+    names = [name for name, _ in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"run names must differ, got {names}")
+    curves = [c for name, path in runs for c in curves_from_run(name, path)]
+    meta = {name: json.loads(_resolve(path).read_text())["meta"] for name, path in runs}
+    first = meta[names[0]]
     return {
         "what": "tau (accepted drafts + 1, per verify round, round-weighted) and tree nodes per round "
                 "against node budget, traced on CPU runs of SmolLM2-135M-Instruct + the shipped DFlash "
                 "drafter at T = 0; budgets above a run's own budget are not included",
-        "made_by": "python scripts/gpu_projection_inputs.py",
-        "pair": meta[SOURCES[0][0]].get("drafter", "") + "; target " + meta[SOURCES[0][0]].get("target", ""),
-        "sources": {path: {"command": m.get("command", ""), "date_utc": m.get("date_utc", "")}
-                    for path, m in meta.items()},
+        "made_by": "python scripts/gpu_projection_inputs.py " + " ".join(f"--run {n}={p}" for n, p in runs),
+        "pair": first.get("drafter", "") + "; target " + first.get("target", ""),
+        "sources": {name: {"path": str(path), "command": meta[name].get("command", ""),
+                           "date_utc": meta[name].get("date_utc", "")} for name, path in runs},
         "curves": curves,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--run", type=parse_run, action="append", required=True, metavar="NAME=PATH",
+                        help="a traced benchmark run's results.json, named (repeat for several runs)")
+    parser.add_argument("--out", type=Path, required=True, help="output JSON")
     args = parser.parse_args(argv)
-    doc = build_inputs()
-    out = Path(args.out)
-    out = out if out.is_absolute() else ROOT / out
+    try:
+        doc = build_inputs(args.run)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(str(exc))
+    out = _resolve(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     for c in doc["curves"]:
         pts = ", ".join(f"{p['budget']}: {p['tau']:.3f}" for p in c["points"])

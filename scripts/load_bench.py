@@ -2,7 +2,11 @@
 
 Run with the SGLang venv (``bash scripts/install_sglang.sh``)::
 
-    TRITON_INTERPRET=1 build/sglang-venv/bin/python scripts/load_bench.py --out results/v6/load
+    TRITON_INTERPRET=1 build/sglang-venv/bin/python scripts/load_bench.py --out OUT_DIR \
+        --cost-profile PROFILE.json     # a `python -m sglang_reanchor.bench cost` profile of this machine
+
+(``results/archive/v7/load`` was made so with the profile ``results/archive/v6/cost/cost_profile.json``;
+``--methods`` without ``reanchor-cost`` needs no profile.)
 
 For each method a ``python -m sglang.launch_server`` starts on the default pair
 (SmolLM2-135M-Instruct + the shipped drafter, ``--attention-backend reanchor_sdpa``),
@@ -17,7 +21,7 @@ each alone on the machine.
 Methods (``--methods``): ``plain`` (no speculation), ``chain`` (REANCHOR with
 ``{"offsets": []}``: DFlash's chain), ``reanchor`` (the config in ``--reanchor-config``)
 ``reanchor-batch`` (the same plus ``batch_node_budget``) and ``reanchor-cost`` (the same
-with ``$SGLANG_REANCHOR_COST_PROFILE`` = ``--cost-profile``: each round's per-request
+with ``$SGLANG_REANCHOR_COST_PROFILE`` = ``--cost-profile``, required for it: each round's per-request
 budget chosen for the batch from the measured cost curve, `sglang_reanchor.budget.BatchBudget`).
 """
 
@@ -96,14 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chain-config", default='{"offsets": [], "max_depth": 6}',
                     help="SGLANG_REANCHOR_CONFIG of 'chain'")
     ap.add_argument("--batch-node-budget", type=int, default=16, help="added to --reanchor-config for 'reanchor-batch'")
-    ap.add_argument("--cost-profile", type=Path, default=Path("results/v6/cost/cost_profile.json"),
-                    help="`bench cost` profile of 'reanchor-cost' (measured on this machine, same dtype)")
+    ap.add_argument("--cost-profile", type=Path, default=None,
+                    help="`bench cost` profile of 'reanchor-cost' (measured on this machine, same dtype); "
+                    "required when --methods includes reanchor-cost")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level (at least c)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if "reanchor-cost" in args.methods and args.cost_profile is None:
+        ap.error("--cost-profile is required for the method 'reanchor-cost' (a `python -m sglang_reanchor.bench "
+                 "cost` profile measured on this machine); or leave reanchor-cost out of --methods")
+    if args.cost_profile is not None and not args.cost_profile.is_file():
+        ap.error(f"--cost-profile {args.cost_profile} is not a file")
 
     from sglang_reanchor.hub import default_target_path, shipped_drafter_path
 
@@ -113,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                "reanchor-batch": json.dumps({**json.loads(args.reanchor_config),
                                              "batch_node_budget": args.batch_node_budget}),
                "reanchor-cost": args.reanchor_config}
-    envs = {"reanchor-cost": {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}}
+    envs = {"reanchor-cost": {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}} if args.cost_profile else {}
     server_args = ["--dtype", args.dtype, "--max-total-tokens", "16384", "--max-running-requests", "16",
                    "--mem-fraction-static", "0.5"]
     report: dict = {"meta": {"target": str(target), "drafter": str(drafter), "max_new_tokens": args.max_new_tokens,

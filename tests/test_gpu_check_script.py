@@ -1,4 +1,8 @@
-"""scripts/gpu_check.py: its CPU smoke mode writes a real JSON and markdown; its projection inputs are current."""
+"""scripts/gpu_check.py: its CPU smoke mode writes a real JSON and markdown; its projection inputs match their runs.
+
+The runs behind ``scripts/data/gpu_projection_inputs.json`` are fixtures (``tests/fixtures/projection_runs``,
+see ``tests/fixtures/README.md``): no test reads ``results/``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from sglang_reanchor.budget import interpolate
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
+INPUTS = ROOT / "scripts" / "data" / "gpu_projection_inputs.json"
+RUNS = ROOT / "tests" / "fixtures" / "projection_runs"
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess[str]:
@@ -60,7 +66,8 @@ def test_cpu_smoke_run_writes_checked_tables(tmp_path: Path) -> None:
 
     proj = doc["projection"]
     assert "PROJECTION, not a measurement" in proj["note"] and "SmolLM2" in proj["note"]
-    assert proj["inputs"] == "results/gpu_projection_inputs.json"
+    assert proj["inputs"] == "scripts/data/gpu_projection_inputs.json"
+    assert set(proj["sources"]) == {"v3", "cost"}
     models = {m["shape"]["name"]: m for m in doc["models"]}
     for name in models:
         for bs in (1, 2):
@@ -97,19 +104,45 @@ def test_time_budget_marks_everything_skipped(tmp_path: Path) -> None:
     assert "nothing was checked" in (tmp_path / "gpu_check.md").read_text()
 
 
-def test_saved_projection_inputs_match_their_sources() -> None:
+def load_inputs_module():
     path = ROOT / "scripts" / "gpu_projection_inputs.py"
     spec = importlib.util.spec_from_file_location("gpu_projection_inputs", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fresh = module.build_inputs()
-    saved = json.loads((ROOT / "results" / "gpu_projection_inputs.json").read_text())
-    assert saved == json.loads(json.dumps(fresh))
+    return module
+
+
+def without_paths(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k != "made_by"} | {
+        "sources": {name: {k: v for k, v in src.items() if k != "path"} for name, src in doc["sources"].items()}}
+
+
+def test_saved_projection_inputs_match_their_runs() -> None:
+    module = load_inputs_module()
+    fresh = module.build_inputs([("v3", RUNS / "v3_bench_t0_traced.json"), ("cost", RUNS / "cost_sweep.json")])
+    saved = json.loads(INPUTS.read_text())
+    assert without_paths(saved) == without_paths(json.loads(json.dumps(fresh)))
+    assert saved["sources"]["v3"]["path"] == "results/archive/v3/bench_t0/results.json"
+    assert saved["sources"]["cost"]["path"] == "results/archive/cost/sweep/results.json"
     labels = {(c["source"], c["label"]) for c in saved["curves"]}
-    assert ("results/v3/bench_t0/results.json", "reanchor") in labels
-    assert ("results/cost/sweep/results.json", "reanchor:offsets=1/2/3,node_budget=128") in labels
+    assert ("v3", "reanchor") in labels
+    assert ("cost", "reanchor:offsets=1/2/3,node_budget=128") in labels
     for c in saved["curves"]:
         budgets = [p["budget"] for p in c["points"]]
         assert budgets == sorted(budgets) and budgets[-1] <= c["run_budget"]
         taus = [p["tau"] for p in c["points"]]
         assert taus == sorted(taus)  # a larger budget keeps every smaller budget's accepted nodes
+
+
+def test_projection_inputs_command_line(tmp_path: Path) -> None:
+    script = [sys.executable, str(ROOT / "scripts" / "gpu_projection_inputs.py")]
+    out = tmp_path / "inputs.json"
+    ok = subprocess.run([*script, "--run", f"cost={RUNS / 'cost_sweep.json'}", "--out", str(out)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(out.read_text())
+    assert {c["source"] for c in doc["curves"]} == {"cost"} and len(doc["curves"]) == 4
+    for argv, message in ((["--out", str(out)], "--run"), (["--run", "v3", "--out", str(out)], "NAME=PATH"),
+                          (["--run", "a=x.json", "--run", "a=y.json", "--out", str(out)], "must differ")):
+        bad = subprocess.run([*script, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
