@@ -19,7 +19,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def gen():
     # float32: the exact invariant is checked where a tree verify and a one-token forward
-    # round alike; bfloat16 near-ties are measured by the benchmark (results/v4/README.md)
+    # round alike; bfloat16 near-ties are measured by the benchmark (results/archive/v4/README.md)
     return SpeculativeGenerator.from_pretrained(config=ReAnchorConfig(offsets=(1, 2, 3), node_budget=40),
                                                 dtype=torch.float32)
 
