@@ -125,7 +125,7 @@ def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config,
     assert got["a-again"]["cached_tokens"] > 0  # the radix cache served the committed prefix
     assert got["a-next"]["cached_tokens"] > len(PROMPTS["a"][0])  # ... including generated tokens
     assert len(got["sampled"]["output_ids"]) == 12
-    if config and method == "reanchor":  # this pair accepts through shifted rows under the offset policy
+    if config and method == "reanchor" and '"offsets": []' not in config:  # this pair accepts through shifted rows
         assert max(max(t) for t in taus.values()) > 1
 
 
@@ -196,3 +196,42 @@ def test_reanchor_tokens_equal_plain_sglang(pair):
     spec = serve(root, "REANCHOR", rounds, '{"policy": "offset"}', None)
     for rid in PROMPTS:
         assert spec[rid]["output_ids"] == plain[rid]["output_ids"], rid
+
+
+@pytest.mark.parametrize("config", ['{"policy": "offset"}', '{"offsets": []}'], ids=["reanchor", "chain"])
+def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path, config):
+    """A Domino drafter (SGLang's ``projector_type: "domino"`` format): every block is rolled out
+    from its own anchor by SGLang's `domino_greedy_rollout` in the worker, by `DominoHead` in the
+    reference engine (equal to SGLang's, tests_sglang/test_drafter_families.py); tokens and rounds
+    equal the engine's, and the tokens equal plain greedy decoding."""
+    from factories import tiny_domino_drafter
+
+    root, target, _ = pair
+    domino_root = tmp_path / "domino"
+    domino_root.mkdir()
+    (domino_root / "target").symlink_to(root / "target")
+    domino = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
+    write_zlab_drafter(domino, domino_root / "drafter")
+    trace = tmp_path / "trace.jsonl"
+    got = serve(domino_root, "REANCHOR", ROUNDS[:1], config, trace)
+    reference = SpeculativeGenerator(target, domino, config=parse_config(config))
+    taus = trace_taus(trace)
+    for rid, (prompt, n) in PROMPTS.items():
+        ref = reference.generate(prompt, n, method="reanchor")
+        assert got[rid]["output_ids"] == ref.tokens == reference.generate(prompt, n, method="target").tokens, rid
+        assert taus[rid] == ref.acceptance_lengths, rid
+    assert max(max(t) for t in taus.values()) > 1  # the Domino drafts are accepted
+
+
+def test_a_dspark_drafter_is_refused_at_launch_with_the_reason(pair, tmp_path):
+    from factories import tiny_dspark_drafter
+
+    from sglang_reanchor.srt.spec import validate_server_args
+
+    root, target, _ = pair
+    folder = write_zlab_drafter(tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2]), tmp_path / "ds")
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path=str(root / "target"), speculative_draft_model_path=str(folder), device="cpu")
+    with pytest.raises(ValueError, match="is a DSpark drafter: SGLang serves it with its own DSPARK worker"):
+        validate_server_args(args)

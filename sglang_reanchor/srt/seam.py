@@ -98,6 +98,8 @@ PRIVATE_API: tuple[str, ...] = tuple(
     "sglang.srt.speculative.spec_utils.build_grammar_vocab_mask",
     "sglang.srt.layers.logprob_processor.compute_spec_logprobs",
     "sglang.srt.mem_cache.memory_pool.move_kv_cache_native",
+    "sglang.srt.speculative.domino_utils.domino_greedy_rollout",
+    "sglang.srt.runtime_context.get_parallel",
 )
 
 

@@ -108,9 +108,30 @@ def validate_server_args(server_args: Any) -> None:
         problems.append("--disaggregation-mode is not supported")
     if os.environ.get("SGLANG_ENABLE_SPLITKV_VERIFY", "").lower() in ("1", "true", "yes"):
         problems.append("SGLANG_ENABLE_SPLITKV_VERIFY ignores custom verify masks; unset it")
+    if cfg.speculative_draft_model_path is not None and _is_dspark_folder(cfg.speculative_draft_model_path):
+        problems.append(
+            f"{cfg.speculative_draft_model_path} is a DSpark drafter: SGLang serves it with its own DSPARK "
+            "worker, which REANCHOR does not build on yet; the reference engine drafts with it "
+            "(SpeculativeGenerator.from_pretrained(..., drafter=folder)), or serve DFlash or Domino drafters")
     if problems:
         raise ValueError("REANCHOR: " + "; ".join(problems))
     load_config()  # a bad SGLANG_REANCHOR_CONFIG fails at launch, naming the field
+
+
+def _is_dspark_folder(path: str) -> bool:
+    """Whether a local drafter folder holds a DSpark checkpoint (``Qwen3DSparkModel``); a hub id is left
+    to SGLang's loader."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return any("DSpark" in str(a) for a in architectures)
 
 
 def handle_server_args(server_args: Any) -> None:

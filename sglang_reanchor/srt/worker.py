@@ -40,6 +40,7 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -105,8 +106,8 @@ class ReAnchorWorker(DFlashWorkerV2):
         seam.install("worker", plain_cpu=needs_cpu_hooks())
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         mark_active()  # this scheduler now refuses what REANCHOR cannot serve (request_checks)
-        if self.selector is not None or self.lilicorr is not None or self._is_domino:
-            raise ValueError("REANCHOR drafts with plain DFlash drafters (no selector, LiLiCorr or Domino head)")
+        if self.selector is not None or self.lilicorr is not None:
+            raise ValueError("REANCHOR drafts with DFlash and Domino drafters (no selector or LiLiCorr head)")
         # DFlashWorkerV2 took speculative_num_draft_tokens (our reservation) as the
         # block size; restore the drafter's own.
         hf_config = self.draft_model_runner.model_config.hf_config
@@ -132,6 +133,9 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         self._trace_path = os.environ.get(TRACE_ENV, "")
         self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
+        if self._is_domino and (self._draft_vocab is not None or self.reanchor.branch_width):
+            raise ValueError("REANCHOR with a Domino drafter: draft_vocab and branch_width are not served "
+                             "(Domino's rollout corrects drafts over the whole vocabulary, slot after slot)")
         self._draft_vocab_head: DraftVocabHead | None = None  # built at the first draft (the LM head exists then)
         self._batch_budget = self._load_batch_budget()
         # the budget learns this server's own round times where they are host wall time (CPU) and
@@ -519,7 +523,11 @@ class ReAnchorWorker(DFlashWorkerV2):
             out = self.draft_model_runner.forward(forward_batch)
             hidden = out.logits_output.hidden_states.view(bs, -1, block, out.logits_output.hidden_states.shape[-1])
             n = self._num_drafts  # the LM head skips the slots past max_depth
-            drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head).view(bs, -1, n)
+            if self._is_domino:  # every block rolled out from its own anchor by SGLang's Domino rollout
+                drafts = self._domino_drafts(hidden, ids.view(bs, -1, block)[:, :, 0], embed, lm_head)[:, :, :n]
+            else:
+                drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head)
+                drafts = drafts.view(bs, -1, n)
             logits = self._branch_logits(hidden[:, 0, 1:1 + n], lm_head) if self.reanchor.branch_width else None
         return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2), logits
 
@@ -530,6 +538,26 @@ class ReAnchorWorker(DFlashWorkerV2):
             return self._draft_vocab_head(hidden.to(self._draft_vocab_head.weight.dtype))
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         return torch.nn.functional.linear(hidden.to(lm_head.weight.dtype), lm_head.weight[:vocab])
+
+    def _domino_drafts(self, hidden: torch.Tensor, anchors: torch.Tensor, embed: Any, lm_head: Any) -> torch.Tensor:
+        """Domino's drafts of every block (``hidden [bs, R, B, H]``, ``anchors [bs, R]``) -> ``[bs, R, B-1]``:
+        SGLang's own `domino_greedy_rollout` (TP-safe), the ``R`` blocks of each request as rows."""
+        from sglang.srt.speculative.domino_utils import domino_greedy_rollout
+
+        bs, rows, block, dim = hidden.shape
+        shard = getattr(lm_head, "shard_indices", None)
+        drafts = domino_greedy_rollout(
+            draft_hidden=hidden.reshape(bs * rows, block, dim), bonus_tokens=anchors.reshape(-1),
+            target_embedding=embed, lm_head_weight=lm_head.weight, prefix_gru=self.draft_model.prefix_gru,
+            embed_proj=self.draft_model.embed_proj, vocab_size=int(self.model_runner.model_config.vocab_size),
+            shift_label=bool(self.draft_model.shift_label), candidate_pool_size=self.domino_candidate_pool_size,
+            tp_group=get_parallel().tp_group,
+            lm_head_org_vocab_start=int(shard.org_vocab_start_index) if shard is not None else 0,
+            lm_head_num_org=int(shard.num_org_elements) if shard is not None else None,
+            lm_head_num_org_padded=int(shard.num_org_elements_padded) if shard is not None else None,
+            in_cuda_graph=False,
+        )
+        return drafts.view(bs, rows, block - 1)
 
     def _greedy_drafts(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
         """The argmax draft of each row of ``hidden`` (``[M, H]``): over the whole vocabulary (TP-safe,
