@@ -157,15 +157,14 @@ def test_resumed_checkpoint_continues_identically(target: torch.nn.Module, tmp_p
     assert got == want
 
 
-def test_schedule_ends_at_the_wall_clock_budget_when_that_comes_first(target: torch.nn.Module) -> None:
+def test_schedule_is_a_function_of_the_step_only(target: torch.nn.Module) -> None:
     trainer = Trainer(target, _drafter(target), _data(target), TrainSettings(lr=1e-3, warmup_steps=2,
-                                                                             total_steps=10_000))
-    by_time = [trainer.lr_at(10, f) for f in (0.0, 0.25, 0.5, 0.75, 1.0, 2.0)]
-    assert by_time[0] == pytest.approx(trainer.lr_at(10))  # no budget used: the step schedule
-    assert all(a > b for a, b in zip(by_time[:5], by_time[1:5]))  # decays with the budget used
-    assert by_time[4] == pytest.approx(1e-4) and by_time[5] == pytest.approx(1e-4)  # ends at 10 %
-    assert trainer.lr_at(0, 0.9) == pytest.approx(5e-4)  # warmup is by steps only
-    assert trainer.lr_at(9_999, 0.1) == pytest.approx(trainer.lr_at(9_999))  # steps end first
+                                                                             total_steps=102, minutes=0.001))
+    assert trainer.lr_at(0) == pytest.approx(5e-4) and trainer.lr_at(1) == pytest.approx(1e-3)  # warmup
+    lrs = [trainer.lr_at(s) for s in range(2, 103)]
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))  # cosine decay over the steps
+    assert lrs[0] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-4)  # ends at 10 %
+    assert trainer.lr_at(10_000) == pytest.approx(1e-4)
 
 
 def test_export_loads_with_from_pretrained(target: torch.nn.Module, tmp_path) -> None:

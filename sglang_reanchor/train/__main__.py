@@ -42,6 +42,7 @@ DEFAULT_MASK_TOKEN = "<empty_output>"
 def _cmd_data(args: argparse.Namespace) -> None:
     from .data import build_dataset, prompt_texts, read_pack
     from .prompts import build_prompts, check_disjoint, eval_prompts, read_prompts
+    from .selection import read_keys, select_prompts, truncate_responses
 
     torch.manual_seed(args.seed)
     model, tok = load_target(args.target, dtype=parse_dtype(args.dtype))
@@ -54,6 +55,18 @@ def _cmd_data(args: argparse.Namespace) -> None:
     if args.exclude:  # a further folder: only prompts none of the given folders used
         seen = set().union(*(prompt_texts(d) for d in args.exclude))
         prompts = [p for p in prompts if p.text not in seen]
+    known = read_pack(args.pack) if args.pack else None
+    if args.max_response_tokens is not None:  # decode-length cap: stored responses cut, new ones capped
+        args.max_new_tokens = min(args.max_new_tokens, args.max_response_tokens)
+        known = truncate_responses(known, args.max_response_tokens) if known is not None else None
+    if args.keys or args.exclude_keys or args.group or args.pack_only:  # after the held-out split
+        if args.pack_only and known is None:
+            raise SystemExit("data: --pack-only needs --pack")
+        val, rest = prompts[: args.num_val], prompts[args.num_val:]
+        rest = select_prompts(rest, keys=read_keys(args.keys) if args.keys else None,
+                              exclude_keys=set().union(*(read_keys(f) for f in args.exclude_keys)) or None,
+                              groups=args.group or None, known=known if args.pack_only else None)
+        prompts = val + rest
     if args.max_prompts is not None:
         prompts = prompts[: args.max_prompts]
     if len(prompts) <= args.num_val:
@@ -63,7 +76,7 @@ def _cmd_data(args: argparse.Namespace) -> None:
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                         num_val=args.num_val, max_prompt_tokens=args.max_prompt_tokens,
                         sort_window=args.sort_window,
-                        known_responses=read_pack(args.pack) if args.pack else None,
+                        known_responses=known,
                         extra_meta={"target": str(args.target or "default:SmolLM2-135M-Instruct"),
                                     "seed": args.seed, "per_domain": args.per_domain,
                                     "prompts_file": args.prompts})
@@ -122,6 +135,9 @@ def _cmd_learning_curve(args: argparse.Namespace) -> None:
     except ValueError as e:  # fewer than two distinct token counts
         raise SystemExit(f"learning-curve: {e}") from e
     fit, goal = report["fit"], report["goal"]
+    for pt in points:
+        se = "n/a" if pt.tau_se is None else f"{pt.tau_se:.3f}"
+        print(f"  {pt.name}: {pt.kind} {pt.tau:.3f} +- {se} at {pt.response_tokens} response tokens")
     print(f"{len(points)} points: tau = {fit['a']:.3f} + {fit['b']:.4f} ln(tokens) "
           f"(+{fit['tau_gain_per_doubling']:.3f} per doubling); tau {goal['tau']} on that line at "
           f"{goal['response_tokens_on_the_line']:.3g} response tokens "
@@ -146,8 +162,43 @@ def _cmd_fit(args: argparse.Namespace) -> None:
         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed,
         val_max_new_tokens=args.val_tokens, val_prompts=args.val_prompts, init_from_target=not args.random_init,
         autocast=torch.cuda.is_available() or has_fast_cpu_bf16() if args.autocast == "auto"
-        else args.autocast == "on")
-    fit(model, tok, config, args.data, args.out, settings, resume=args.resume, init_from=args.init_from)
+        else args.autocast == "on",
+        max_offset=args.max_offset, draft_vocab=args.draft_vocab, mix=_parse_mix(args.mix),
+        save_minutes=args.save_minutes, snapshot_every=args.snapshot_every, val_anchors=args.val_anchors,
+        val_max_offset=args.val_max_offset, reload_every=args.reload_every, stop_at=args.stop_at)
+    fit(model, tok, config, args.data, args.out, settings, resume=args.resume, init_from=args.init_from,
+        val_data=args.val_data)
+
+
+def _parse_mix(spec: str | None) -> tuple[tuple[str, float], ...] | None:
+    """``"math=1,stub=1,other=1"`` -> ``(("math", 1.0), ...)``; None stays None."""
+    if not spec:
+        return None
+    out = []
+    for item in spec.split(","):
+        name, eq, w = item.partition("=")
+        if not eq or name not in ("math", "stub", "other"):
+            raise SystemExit(f"fit: --mix {spec!r}: each item is GROUP=WEIGHT with GROUP in math, stub, other")
+        try:
+            out.append((name, float(w)))
+        except ValueError:
+            raise SystemExit(f"fit: --mix {spec!r}: weight {w!r} of {name} is not a number") from None
+    return tuple(out)
+
+
+def _cmd_validate(args: argparse.Namespace) -> None:
+    from .validate import validate_drafters
+
+    model, _ = load_target(args.target, dtype=torch.float32)
+    report = validate_drafters(model, args.drafter, args.val_data, args.out, draft_vocab=args.draft_vocab,
+                               anchors_per_seq=args.anchors, max_offset=args.max_offset, full_head=args.full_head)
+    for name, r in report["drafters"].items():
+        for head, v in r.items():
+            print(f"{name} [{head}]: teacher-forced acceptance {v['accept']:.4f} +- {v['accept_se']:.4f} "
+                  f"(all anchors {v['accept_all']:.4f} +- {v['accept_all_se']:.4f}; first draft accepted "
+                  f"{v['first_draft_accepted']:.3f}; {v['anchors']} anchors)")
+    for d in report["paired"]:
+        print(f"{d['drafter']} - {d['baseline']} [{d['head']}]: {d['diff']:+.4f} +- {d['diff_se']:.4f} (paired)")
 
 
 def _cmd_draft_vocab(args: argparse.Namespace) -> None:
@@ -218,6 +269,16 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--sort-window", type=int, default=1, help="sort prompts by length inside windows "
                    "of this many (less padding per batch; 1 keeps the order)")
     d.add_argument("--max-new-tokens", type=int, default=192)
+    d.add_argument("--max-response-tokens", type=int, default=None, help="cut stored responses to this many "
+                   "tokens and generate at most this many (the decode length the drafter is trained for)")
+    d.add_argument("--pack-only", action="store_true", help="only prompts with a response in --pack (no "
+                   "generation; the --num-val held-out prompts are kept)")
+    d.add_argument("--keys", default=None, metavar="FILE", help="only prompts whose prompt_key is listed "
+                   "(one per line; e.g. a held-out set)")
+    d.add_argument("--exclude-keys", action="append", default=[], metavar="FILE",
+                   help="skip prompts whose prompt_key is listed (repeatable)")
+    d.add_argument("--group", action="append", default=[], choices=("math", "stub", "other"),
+                   help="only prompts of this group (selection.prompt_group; repeatable)")
     d.add_argument("--batch-size", type=int, default=128)
     d.add_argument("--layers", default=None, help="target layer ids, e.g. 1,10,18,27")
     d.add_argument("--num-feature-layers", type=int, default=4)
@@ -257,7 +318,37 @@ def main(argv: list[str] | None = None) -> None:
                    help="bfloat16 autocast of the forward: auto = where bfloat16 GEMMs are fast (CUDA, AMX, "
                    "AVX-512 BF16); off on other CPUs, where they are ~9x slower than float32")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--max-offset", type=int, default=None, help="anchors at response positions below this "
+                   "(95: where a 96-token decode draws them; default anywhere)")
+    f.add_argument("--draft-vocab", type=int, default=None, metavar="K", help="cross-entropy over the top K "
+                   "tokens of the drafter's draft_vocab.safetensors (needs --init-from a folder with one)")
+    f.add_argument("--mix", default=None, metavar="math=W,stub=W,other=W", help="draw sequences by prompt "
+                   "group with these weights (selection.prompt_group; default: uniform over sequences)")
+    f.add_argument("--save-minutes", type=float, default=10.0, help="also checkpoint this often (minutes)")
+    f.add_argument("--snapshot-every", type=int, default=0, help="keep OUT/ckpt_stepN.pt every N steps")
+    f.add_argument("--val-data", default=None, metavar="DIR", help="a `data` folder of held-out sequences: "
+                   "teacher-forced block acceptance (with its SE) at each validation")
+    f.add_argument("--val-anchors", type=int, default=8, help="teacher-forced anchors per held-out sequence")
+    f.add_argument("--val-max-offset", type=int, default=95, help="... below this response position")
+    f.add_argument("--stop-at", type=int, default=None, metavar="STEP", help="end this sitting at this step "
+                   "(resume later with --resume; the schedule stays over --steps)")
+    f.add_argument("--reload-every", type=int, default=0, metavar="N", help="every N steps, pick up shards a "
+                   "running `data` build has written since (0: never)")
     f.set_defaults(func=_cmd_fit)
+
+    t = sub.add_parser("validate", help="teacher-forced block acceptance of drafter folders on held-out "
+                       "sequences (mean +- SE, per group, paired differences against the first)")
+    t.add_argument("--drafter", required=True, nargs="+", metavar="DIR", help="z-lab drafter folders (the "
+                   "first is the baseline of the paired differences)")
+    t.add_argument("--val-data", required=True, metavar="DIR", help="a `data` folder of held-out sequences")
+    t.add_argument("--out", required=True, help="a JSON file")
+    t.add_argument("--draft-vocab", type=int, default=8192, metavar="K", help="score the top-K reduced head "
+                   "(0: skip it)")
+    t.add_argument("--full-head", action="store_true", help="also score the full 49k head")
+    t.add_argument("--anchors", type=int, default=8, help="anchors per held-out sequence")
+    t.add_argument("--max-offset", type=int, default=95, help="anchors below this response position")
+    t.add_argument("--target", default=None)
+    t.set_defaults(func=_cmd_validate)
 
     k = sub.add_parser("pack", help="store the responses of data folders compactly (to commit, and to "
                        "rebuild the folders later with `data --pack`)")

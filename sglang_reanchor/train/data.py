@@ -66,6 +66,20 @@ class Sequences:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.input_ids[a:b], int(self.prompt_lens[i]), self.features[a:b]
 
+    def batch(self, indices: Sequence[int], dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Sequences ``indices`` right-padded: ids ``[bs, T]`` long (0 past the end),
+        features ``[bs, T, K*H]`` in ``dtype`` (0 past the end), seq_lens ``[bs]``,
+        prompt_lens ``[bs]``; ``T`` is the longest of them."""
+        items = [self.get(i) for i in indices]
+        width = max(x.shape[0] for x, _, _ in items)
+        ids = torch.zeros(len(items), width, dtype=torch.long)
+        feats = torch.zeros(len(items), width, self.features.shape[1], dtype=dtype)
+        for r, (x, _, f) in enumerate(items):
+            ids[r, : x.shape[0]] = x
+            feats[r, : x.shape[0]] = f.to(dtype)
+        return (ids, feats, torch.tensor([x.shape[0] for x, _, _ in items]),
+                torch.tensor([p for _, p, _ in items]))
+
 
 def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Token ids of a one-turn chat prompt, ending with the assistant header."""

@@ -6,6 +6,13 @@ draft slots it saw, and a benchmark run of it (``python -m sglang_reanchor.bench
 run (``summary["all"]["dflash"]["tau"]``, the per-dataset mean the benchmark reports),
 never typed in.
 
+Each point carries a standard error, drawn as an error bar. For a benchmark run it is
+the sampling error of that tau given its prompts: per response the variance of its
+rounds' taus over their count, combined through the two means (over a dataset's
+responses, then over datasets). A point may instead be a ``train validate`` report (its
+``"drafters"`` key): the teacher-forced acceptance of the drafter named like the point
+(or the first), first head listed, with its cluster-robust SE.
+
 The trend is the least-squares line ``tau = a + b * ln(tokens)``. It says where the
 curve is heading, and how much data the line would need to reach a goal
 (``tokens = exp((goal - a) / b)``): a projection of the measured points, not a
@@ -24,7 +31,7 @@ from typing import Any
 
 from .plots import save_tau_figure
 
-__all__ = ["CurvePoint", "fit_log_line", "learning_curve", "read_point"]
+__all__ = ["CurvePoint", "benchmark_tau_se", "fit_log_line", "learning_curve", "read_point"]
 
 
 @dataclass(frozen=True)
@@ -34,19 +41,49 @@ class CurvePoint:
     labels_seen: int | None  # labelled draft slots trained on (summed over chained runs); None: not recorded
     tau: float  # DFlash acceptance length on the run's prompts
     source: str  # the results.json it was read from
+    tau_se: float | None = None  # its standard error (None: not computable from the file)
+    kind: str = "benchmark"  # "benchmark" (generation tau) or "teacher-forced" (a `train validate` report)
+
+
+def benchmark_tau_se(records: Sequence[dict[str, Any]], method: str = "dflash") -> float | None:
+    """SE of a benchmark run's ``"all"`` tau (the mean over datasets of the mean over
+    responses of each response's mean round tau), given its prompts: see the module
+    docstring. None when no record of ``method`` has rounds."""
+    by_dataset: dict[str, list[float]] = {}
+    for r in records:
+        taus = r.get("taus") or []
+        if r.get("method") != method or not taus:
+            continue
+        m = sum(taus) / len(taus)
+        var = sum((t - m) ** 2 for t in taus) / (len(taus) - 1) / len(taus) if len(taus) > 1 else 0.0
+        by_dataset.setdefault(r["dataset"], []).append(var)
+    if not by_dataset:
+        return None
+    dataset_vars = [sum(v) / len(v) ** 2 for v in by_dataset.values()]
+    return math.sqrt(sum(dataset_vars)) / len(dataset_vars)
 
 
 def read_point(name: str, response_tokens: int, labels_seen: int | None, results_json: str | Path,
                method: str = "dflash") -> CurvePoint:
-    """A point whose tau is the ``"all"`` mean of ``method`` in a stored benchmark run."""
-    summary = json.loads(Path(results_json).read_text())["summary"]
+    """A point whose tau is the ``"all"`` mean of ``method`` in a stored benchmark run,
+    or the teacher-forced acceptance of drafter ``name`` in a ``train validate`` report."""
+    doc = json.loads(Path(results_json).read_text())
+    labels = None if labels_seen is None else int(labels_seen)
+    if "drafters" in doc:  # a `train validate` report
+        drafters = doc["drafters"]
+        if not drafters:
+            raise ValueError(f"{results_json}: the validate report holds no drafter")
+        heads = drafters.get(name) or next(iter(drafters.values()))
+        head = next(iter(heads.values()))
+        return CurvePoint(name, int(response_tokens), labels, float(head["accept"]), str(results_json),
+                          float(head["accept_se"]), "teacher-forced")
     try:
-        tau = float(summary["all"][method]["tau"])
+        tau = float(doc["summary"]["all"][method]["tau"])
     except KeyError as e:
         raise ValueError(f"{results_json}: no summary['all'][{method!r}]['tau'] (run the benchmark with "
                          f"--methods {method})") from e
-    return CurvePoint(name, int(response_tokens), None if labels_seen is None else int(labels_seen), tau,
-                      str(results_json))
+    return CurvePoint(name, int(response_tokens), labels, tau, str(results_json),
+                      benchmark_tau_se(doc.get("records", []), method))
 
 
 def fit_log_line(tokens: Sequence[float], taus: Sequence[float]) -> tuple[float, float]:
@@ -69,6 +106,10 @@ def learning_curve(points: Sequence[CurvePoint], out_dir: str | Path, goal: floa
     """Write ``learning_curve.json`` (points, fitted line, the tokens the line needs for
     ``goal``) and ``learning_curve.png`` (tau against response tokens, log x) to
     ``out_dir``; returns the JSON object."""
+    kinds = {p.kind for p in points}
+    if len(kinds) > 1:
+        raise ValueError(f"the points mix {sorted(kinds)} figures (generation tau and teacher-forced "
+                         "acceptance measure different things): give one kind per curve")
     a, b = fit_log_line([p.response_tokens for p in points], [p.tau for p in points])
     needed = math.exp((goal - a) / b) if b > 0 else math.inf
     report = {
@@ -87,7 +128,12 @@ def learning_curve(points: Sequence[CurvePoint], out_dir: str | Path, goal: floa
     def draw(ax) -> None:
         from matplotlib.ticker import NullFormatter
 
-        ax.scatter(xs, [p.tau for p in points], color="C0", zorder=3, label="trained drafters")
+        for kind, color in (("benchmark", "C0"), ("teacher-forced", "C2")):
+            sel = [p for p in points if p.kind == kind]
+            if sel:
+                ax.errorbar([p.response_tokens for p in sel], [p.tau for p in sel],
+                            yerr=[p.tau_se or 0.0 for p in sel], fmt="o", color=color, capsize=3, zorder=3,
+                            label=f"trained drafters ({kind}), +-1 SE")
         for p in points:
             ax.annotate(p.name, (p.response_tokens, p.tau), textcoords="offset points", xytext=(4, -10), fontsize=7)
         hi = max(xs) * 4

@@ -16,7 +16,9 @@ cross-entropy weighted by ``w_k = exp(-(k-1)/gamma)``: early slots matter most, 
 draft is only accepted up to its first miss. Optionally (``sample_slots``) each slot is
 kept with probability ``w_k`` and the kept ones count with weight 1: the same loss in
 expectation, with ``sum(w) / (B-1)`` (~45 % at B=16, gamma=7) of the ``lm_head``
-work, which dominates a CPU training step. Glossary: ``bs`` sequences, ``T`` padded
+work, which dominates a CPU training step. With a reduced head (the draft vocabulary's
+top ``K`` tokens, ``label_map`` from `vocab_rows`) the cross-entropy runs over those ``K``
+rows only: ``K / V`` of the head's work, which lets every slot be scored. Glossary: ``bs`` sequences, ``T`` padded
 length, ``N`` anchors per sequence, ``B`` block size, ``H`` hidden size, ``V`` vocab.
 """
 
@@ -29,17 +31,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["IGNORE", "block_inputs", "block_labels", "block_mask", "dflash_loss", "sample_anchors"]
+__all__ = ["IGNORE", "block_inputs", "block_labels", "block_mask", "dflash_loss", "sample_anchors",
+           "slot_weights", "vocab_rows"]
 
 IGNORE = -100  # label of a slot without a target token
 
 
-def sample_anchors(prompt_lens: Tensor, seq_lens: Tensor, num: int, generator: torch.Generator) -> Tensor:
+def sample_anchors(prompt_lens: Tensor, seq_lens: Tensor, num: int, generator: torch.Generator,
+                   max_offset: int | None = None) -> Tensor:
     """``num`` distinct anchors per sequence, uniform over its response positions.
 
     An anchor ``a`` satisfies ``prompt_len <= a <= seq_len - 2`` (its first label
-    ``a + 1`` exists). Sequences with fewer candidates repeat none: their extra anchors
-    are ``-1`` (padding blocks, fully ignored).
+    ``a + 1`` exists) and, with ``max_offset``, ``a - prompt_len < max_offset``: the
+    anchors a decode of ``max_offset + 1`` new tokens draws from (response positions
+    ``0 .. max_offset - 1``). Sequences with fewer candidates repeat none: their extra
+    anchors are ``-1`` (padding blocks, fully ignored).
 
     Parameters
     ----------
@@ -54,6 +60,8 @@ def sample_anchors(prompt_lens: Tensor, seq_lens: Tensor, num: int, generator: t
     rows = []
     for p, t in zip(prompt_lens.tolist(), seq_lens.tolist(), strict=True):
         cand = max(0, t - 1 - p)
+        if max_offset is not None:
+            cand = min(cand, max_offset)
         pick = torch.randperm(cand, generator=generator)[:num] + p
         pick = pick.sort().values
         rows.append(torch.cat([pick, pick.new_full((num - pick.numel(),), -1)]))
@@ -106,6 +114,14 @@ def block_mask(anchors: Tensor, context_len: int, block_size: int) -> Tensor:
                       see_blk.reshape(bs, n * block_size, n * block_size)], dim=-1)
 
 
+def vocab_rows(token_ids: Tensor, vocab_size: int) -> Tensor:
+    """``[V]`` long: the row of each target token in a reduced head over ``token_ids``
+    (``[K]``, e.g. the top ``K`` of a draft vocabulary), ``-1`` for the others."""
+    out = torch.full((vocab_size,), -1, dtype=torch.long)
+    out[token_ids.long().cpu()] = torch.arange(token_ids.numel())
+    return out
+
+
 def slot_weights(block_size: int, gamma: float, device: torch.device | None = None) -> Tensor:
     """``[B-1]`` float32: ``exp(-(k-1)/gamma)`` for slots ``k = 1..B-1``."""
     k = torch.arange(1, block_size, device=device, dtype=torch.float32)
@@ -113,7 +129,8 @@ def slot_weights(block_size: int, gamma: float, device: torch.device | None = No
 
 
 def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float,
-                chunk_tokens: int = 1024, sample_slots: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+                chunk_tokens: int = 1024, sample_slots: torch.Generator | None = None,
+                label_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Weighted cross-entropy over the supervised slots, logits only where needed.
 
     Parameters
@@ -123,7 +140,8 @@ def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float
     labels : Tensor
         ``[bs, N, B-1]`` long from `block_labels`.
     lm_head : nn.Module
-        The target's (frozen) output projection ``H -> V``.
+        The target's (frozen) output projection ``H -> V``, or a reduced head ``H -> K``
+        (the draft vocabulary, `DraftVocabHead`) together with ``label_map``.
     chunk_tokens : int
         Logits are built for at most this many slots at a time; with several chunks each
         is recomputed in backward (activation checkpointing), so peak memory is
@@ -132,6 +150,10 @@ def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float
         If given, keep each labelled slot with probability ``w_k`` (drawn from this
         generator on the CPU) and weight the kept ones 1; the denominator stays
         ``sum(w_k)`` over labelled slots, so the loss is unbiased for the full one.
+    label_map : Tensor or None
+        ``[V]`` long: a target token's row in the reduced head, ``-1`` outside it. The
+        cross-entropy is then over the ``K`` draft-vocabulary tokens, and a slot whose
+        label is outside them is not scored (a reduced-head draft can never match it).
 
     Returns
     -------
@@ -142,6 +164,9 @@ def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float
     """
     bs, n, width = labels.shape
     h = hidden.view(bs, n, width + 1, -1)[:, :, 1:]  # slot 0 is the anchor: no loss
+    if label_map is not None:  # target ids -> reduced-head rows; outside the head: unscored
+        mapped = label_map.to(labels.device)[labels.clamp(min=0)]
+        labels = torch.where((labels != IGNORE) & (mapped >= 0), mapped, torch.full_like(labels, IGNORE))
     labelled = labels != IGNORE  # [bs, N, B-1]
     weights = slot_weights(width + 1, gamma, hidden.device).expand(bs, n, width)
     denom = weights[labelled].sum().clamp(min=1e-12)
@@ -165,7 +190,9 @@ def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float
                    else chunk_ce(hc, yc))
         ces.append(ce)
         hits.append(hit)
-    ce = torch.cat(ces) if ces else hidden.new_zeros(0)
+    if not ces:  # nothing scored (every label outside the head, or none): a zero that still backpropagates
+        return hidden.sum() * 0.0, torch.full((width,), math.nan, device=hidden.device)
+    ce = torch.cat(ces)
     loss = (w * ce).sum() / denom
     with torch.no_grad():
         hit = torch.cat(hits).float() if hits else hidden.new_zeros(0)

@@ -9,7 +9,8 @@ from typing import Any
 __all__ = ["save_tau_figure"]
 
 
-def save_tau_figure(path: str | Path, draw: Callable[[Any], None], *, xlabel: str, title: str) -> bool:
+def save_tau_figure(path: str | Path, draw: Callable[[Any], None], *, xlabel: str, title: str,
+                    ylabel: str = "DFlash acceptance length tau") -> bool:
     """Draw with ``draw(ax)`` on one axis whose y is DFlash's tau and save it at ``path``.
     Returns False (and writes nothing) where matplotlib is not installed (extra ``bench``)."""
     try:
@@ -22,7 +23,7 @@ def save_tau_figure(path: str | Path, draw: Callable[[Any], None], *, xlabel: st
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     draw(ax)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("DFlash acceptance length tau")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
