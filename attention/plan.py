@@ -2,8 +2,9 @@
 
 :class:`TreeBatch` is the spec (trees, prefix lengths, KV slots); :func:`plan_tree_batch`
 turns it into :class:`TreePlan`, the arrays FlashInfer's
-``BatchPrefillWithPagedKVCacheWrapper.plan`` takes with ``page_size=1`` and that
-:func:`attention.tree_attention` takes too. Pure torch, no FlashInfer import.
+``BatchPrefillWithPagedKVCacheWrapper.plan`` takes with ``page_size=1``; this package's
+backends take them through :meth:`attention.layout.TreeAttentionSpec.from_tree_plan`.
+Pure torch, no FlashInfer import. Only the GPU check and the tests use it.
 
 KV layout of request b: ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` lists its
 ``P_b`` committed prefix slots, then the slots of its ``N_b`` tree nodes in node order

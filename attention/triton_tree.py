@@ -1,9 +1,10 @@
-"""Triton tree-verify attention over a token-slot KV cache (the ``backend="triton"`` path).
+"""Triton tree attention over a token-slot KV cache (the ``"triton"`` backend).
 
 Imports triton at module level, so only import this module when Triton is wanted:
-:func:`attention.tree_attention` does so lazily and the :mod:`attention` package never
+:func:`attention.tree_attn.get_backend` does so lazily and the :mod:`attention` package never
 does. On CPU the kernels run only under ``TRITON_INTERPRET=1`` set before this module
-is first imported.
+is first imported. Only the GPU check (``scripts/gpu_check*.py``) and the tests run it; the
+engine and the SGLang worker do not.
 
 Algorithm (FlashAttention-2 style online softmax, one pass over the keys):
 
@@ -29,9 +30,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from attention.tree_attn import TreeAttentionMeta, check_tree_attention_inputs
+from attention.layout import TreeAttentionLayout, check_out, check_run_inputs
 
-__all__ = ["run_checked", "triton_tree_attention"]
+__all__ = ["TritonTreeAttention"]
 
 _LOG2E = 1.4426950408889634
 
@@ -178,131 +179,96 @@ def _tree_attn_merge_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def triton_tree_attention(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    kv_indptr: Tensor,
-    kv_indices: Tensor,
-    qo_indptr: Tensor,
-    custom_mask: Tensor,
-    sm_scale: float | None = None,
-    *,
-    num_kv_splits: int | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    out: Tensor | None = None,
-) -> Tensor:
-    """Tree attention with the Triton kernel; contract as :func:`attention.tree_attention`.
-
-    Parameters
-    ----------
-    out : Tensor, optional
-        ``[qo_indptr[-1], num_q_heads, head_dim]`` buffer in q's dtype to write into;
-        every element is overwritten.
-    num_kv_splits : int, optional
-        Key-dimension splits (merged by a second kernel). Default: 1 on CPU, chosen
-        from the SM count and the longest ``kv_len`` on GPU.
-    block_m, block_n : int, optional
-        Tile sizes (powers of two >= 16) over (node, head) rows and keys.
-
-    Returns
-    -------
-    Tensor
-        ``[qo_indptr[-1], num_q_heads, head_dim]`` in q's dtype.
-    """
-    meta = check_tree_attention_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, qo_indptr, custom_mask, sm_scale)
-    return run_checked(
-        meta,
-        q,
-        k_cache,
-        v_cache,
-        kv_indptr,
-        kv_indices,
-        qo_indptr,
-        custom_mask,
-        num_kv_splits=num_kv_splits,
-        block_m=block_m,
-        block_n=block_n,
-        out=out,
-    )
-
-
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _default_splits(meta: TreeAttentionMeta, q: Tensor, m_blocks: int, block_n: int) -> int:
-    if not q.is_cuda or meta.batch_size == 0:
+def _default_splits(layout: TreeAttentionLayout, q: Tensor, m_blocks: int, block_n: int) -> int:
+    if not q.is_cuda or layout.batch_size == 0:
         return 1
-    programs = meta.batch_size * m_blocks * meta.num_kv_heads
+    programs = layout.batch_size * m_blocks * layout.num_kv_heads
     target = 2 * _sm_count(q.device.index or 0)
     if programs >= target:
         return 1
-    max_useful = max(1, max(meta.kv_lens) // (4 * block_n))  # >= 4 key tiles per split
+    max_useful = max(1, max(layout.kv_lens) // (4 * block_n))  # >= 4 key tiles per split
     splits = min(triton.cdiv(target, programs), max_useful, 64)
     return 1 << (splits.bit_length() - 1)  # power of two: few kernel variants
 
 
-def run_checked(
-    meta: TreeAttentionMeta,
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    kv_indptr: Tensor,
-    kv_indices: Tensor,
-    qo_indptr: Tensor,
-    custom_mask: Tensor,
-    *,
-    num_kv_splits: int | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    out: Tensor | None = None,
-) -> Tensor:
-    """Launch on inputs already validated into ``meta`` (see :func:`triton_tree_attention`)."""
+class TritonTreeAttention:
+    """The Triton backend (:class:`attention.layout.TreeAttentionBackend`).
+
+    Parameters
+    ----------
+    num_kv_splits : int, optional
+        Key-dimension splits (merged by a second kernel). Default: 1 on CPU, chosen
+        from the SM count and the longest ``kv_len`` on GPU.
+    block_m, block_n : int, optional
+        Tile sizes (powers of two >= 16) over (node, head) rows and keys.
+    """
+
+    name = "triton"
+
+    def __init__(self, num_kv_splits: int | None = None, block_m: int | None = None,
+                 block_n: int | None = None) -> None:
+        if num_kv_splits is not None and num_kv_splits < 1:
+            raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+        for name, value in (("block_m", block_m), ("block_n", block_n)):
+            if value is not None and (value < 16 or value & (value - 1)):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        self.num_kv_splits, self.block_m, self.block_n = num_kv_splits, block_m, block_n
+
+    def run(self, layout: TreeAttentionLayout, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+            out: Tensor | None = None) -> Tensor:
+        """See :meth:`attention.layout.TreeAttentionBackend.run`."""
+        check_run_inputs(layout, q, k_cache, v_cache)
+        return _launch(layout, q, k_cache, v_cache, check_out(q, out),
+                       self.num_kv_splits, self.block_m, self.block_n)
+
+
+def _launch(layout: TreeAttentionLayout, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor | None,
+            num_kv_splits: int | None, block_m: int | None, block_n: int | None) -> Tensor:
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("Triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
     if out is None:
         out = torch.empty_like(q)  # [total_q, num_q_heads, head_dim]
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
-        raise ValueError(f"out must match q ({q.dtype} {tuple(q.shape)} on {q.device}, contiguous last dim)")
     total_q = q.shape[0]
     if total_q == 0:
         return out
-    group = meta.group_size
-    max_rows = max(meta.qo_lens) * group
+    group = layout.group_size
+    max_rows = max(layout.qo_lens) * group
     block_m = block_m or min(64, max(16, triton.next_power_of_2(max_rows)))
     block_n = block_n or (64 if q.is_cuda else 16)
-    block_d = max(16, triton.next_power_of_2(meta.head_dim))
+    block_d = max(16, triton.next_power_of_2(layout.head_dim))
     m_blocks = triton.cdiv(max_rows, block_m)
-    splits = num_kv_splits or _default_splits(meta, q, m_blocks, block_n)
+    splits = num_kv_splits or _default_splits(layout, q, m_blocks, block_n)
     if splits < 1:
         raise ValueError(f"num_kv_splits must be >= 1, got {splits}")
-    mask_bytes = custom_mask.contiguous().view(torch.uint8)
+    mask_bytes = layout.custom_mask.contiguous().view(torch.uint8)
     if splits == 1:
         target, ml = out, out  # ml unused
         stride_ot, stride_oh = out.stride(0), out.stride(1)
     else:
-        target = torch.empty(splits, total_q, meta.num_q_heads, meta.head_dim, dtype=torch.float32, device=q.device)
-        ml = torch.empty(splits, total_q, meta.num_q_heads, 2, dtype=torch.float32, device=q.device)
+        target = torch.empty(splits, total_q, layout.num_q_heads, layout.head_dim, dtype=torch.float32, device=q.device)
+        ml = torch.empty(splits, total_q, layout.num_q_heads, 2, dtype=torch.float32, device=q.device)
         stride_ot, stride_oh = 0, 0  # partials are indexed densely
-    grid = (meta.batch_size, m_blocks, meta.num_kv_heads * splits)
+    grid = (layout.batch_size, m_blocks, layout.num_kv_heads * splits)
     extra = {"num_warps": 4, "num_stages": 2} if q.is_cuda else {}
     _tree_attn_fwd_kernel[grid](
         q,
         k_cache,
         v_cache,
-        qo_indptr,
-        kv_indptr,
-        kv_indices,
+        layout.qo_indptr,
+        layout.kv_indptr,
+        layout.kv_indices,
         mask_bytes,
-        meta.mask_indptr,
+        layout.mask_indptr,
         target,
         ml,
-        meta.sm_scale * _LOG2E,
+        layout.sm_scale * _LOG2E,
         total_q,
-        meta.num_q_heads,
+        layout.num_q_heads,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -312,7 +278,7 @@ def run_checked(
         stride_ot,
         stride_oh,
         GROUP=group,
-        HEAD_DIM=meta.head_dim,
+        HEAD_DIM=layout.head_dim,
         BLOCK_D=block_d,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -322,15 +288,15 @@ def run_checked(
         **extra,
     )
     if splits > 1:
-        _tree_attn_merge_kernel[(total_q, meta.num_q_heads)](
+        _tree_attn_merge_kernel[(total_q, layout.num_q_heads)](
             target,
             ml,
             out,
             total_q,
-            meta.num_q_heads,
+            layout.num_q_heads,
             out.stride(0),
             out.stride(1),
-            HEAD_DIM=meta.head_dim,
+            HEAD_DIM=layout.head_dim,
             BLOCK_D=block_d,
             NUM_SPLITS=splits,
             BLOCK_S=max(2, triton.next_power_of_2(splits)),

@@ -7,10 +7,11 @@ One command, sized for < 5 minutes on one H200 (the default grid is 27 configura
     python scripts/gpu_check_attention.py --batch-sizes 1,64 --prefix-lens 32768 --tree-sizes 128
 
 For each (batch, prefix, tree size) it builds random trees over scattered KV slots
-(page size 1, as SGLang keeps its cache), checks both kernels against
-``attention.reference`` (float32 math) and prints median kernel times. Timed regions are
-device work only: Triton is launched with pre-validated metadata, FlashInfer after
-``plan()``. Exit status is 1 if any kernel disagrees with the reference.
+(page size 1, as SGLang keeps its cache), checks both kernels against the torch backend
+(``attention.reference``, float32 math) and prints median kernel times. Timed regions are
+device work only, as in a model forward: one ``plan_tree_attention`` per case, then the
+backends' ``run(layout, q, k, v)``; FlashInfer after its own ``plan()``. Exit status is 1 if
+any kernel disagrees with the reference.
 
 ``--device cpu`` is a smoke mode for machines without a GPU: Triton runs under its
 interpreter (slow: use tiny sizes), FlashInfer is skipped, times are wall-clock.
@@ -19,6 +20,7 @@ interpreter (slow: use tiny sizes), FlashInfer is skipped, times are wall-clock.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -31,8 +33,18 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from attention import FlashInferTreeAttention, TreeBatch, TreePlan, plan_tree_batch, reference
-from attention.tree_attn import check_tree_attention_inputs
+from attention import (
+    FlashInferTreeAttention,
+    TorchTreeAttention,
+    TreeAttentionBackend,
+    TreeAttentionLayout,
+    TreeAttentionSpec,
+    TreeBatch,
+    TreePlan,
+    get_backend,
+    plan_tree_attention,
+    plan_tree_batch,
+)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -102,6 +114,7 @@ def random_parents(n: int, gen: torch.Generator) -> torch.Tensor:
 class Case:
     batch: TreeBatch
     plan: TreePlan
+    layout: TreeAttentionLayout  # planned once, run by every backend
     q: Tensor  # [bs * nodes, num_q_heads, head_dim]
     k: Tensor  # [num_slots, num_kv_heads, head_dim]
     v: Tensor  # [num_slots, num_kv_heads, head_dim]
@@ -119,28 +132,33 @@ def make_case(bs: int, prefix: int, nodes: int, args: argparse.Namespace, gen: t
         kv_indices=torch.randperm(num_slots, generator=gen)[:total].to(dev),  # scattered slots
     )
     shape = (num_slots, args.num_kv_heads, args.head_dim)
+    plan = plan_tree_batch(batch)
     return Case(
         batch=batch,
-        plan=plan_tree_batch(batch),
+        plan=plan,
+        layout=plan_tree_attention(
+            TreeAttentionSpec.from_tree_plan(plan, args.num_q_heads, args.num_kv_heads, args.head_dim)),
         q=torch.randn(bs * nodes, args.num_q_heads, args.head_dim, device=dev, dtype=dtype),
         k=torch.randn(shape, device=dev, dtype=dtype),
         v=torch.randn(shape, device=dev, dtype=dtype),
     )
 
 
+@functools.cache
+def triton_backend(device: str) -> TreeAttentionBackend:
+    """The Triton backend, made once (the first call imports triton)."""
+    return get_backend("triton", device)
+
+
 def check_one(
     case: Case, args: argparse.Namespace, flashinfer_runner: FlashInferTreeAttention | None
 ) -> dict[str, str]:
-    plan = case.plan
-    inputs = (case.q, case.k, case.v, plan.kv_indptr, plan.kv_indices, plan.qo_indptr, plan.custom_mask)
-    meta = check_tree_attention_inputs(*inputs)
-    ref = reference.run_checked(meta, *inputs).float()
-    row = {"ref_ms": f"{median_ms(lambda: reference.run_checked(meta, *inputs), 1, 3, args.device):.2f}"}
+    layout, reference = case.layout, TorchTreeAttention()
+    ref = reference.run(layout, case.q, case.k, case.v).float()
+    row = {"ref_ms": f"{median_ms(lambda: reference.run(layout, case.q, case.k, case.v), 1, 3, args.device):.2f}"}
 
     def triton_fn() -> Tensor:
-        from attention import triton_tree  # imports triton
-
-        return triton_tree.run_checked(meta, *inputs)
+        return triton_backend(args.device).run(layout, case.q, case.k, case.v)
 
     backends: list[tuple[str, Callable[[], Tensor]]] = []
     if not args.no_triton:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attention import FlashInferTreeAttention, TreeBatch
-from attention.reference import torch_tree_attention
+from attention import TorchTreeAttention, TreeAttentionSpec, plan_tree_attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,5 +40,6 @@ def test_flashinfer_planner_matches_torch_reference(dtype: torch.dtype) -> None:
     k = torch.randn(num_slots, num_kv_heads, head_dim, device="cuda", dtype=dtype)
     v = torch.randn(num_slots, num_kv_heads, head_dim, device="cuda", dtype=dtype)
     got = runner.run(q, k, v)
-    want = torch_tree_attention(q, k, v, plan.kv_indptr, plan.kv_indices, plan.qo_indptr, plan.custom_mask)
+    layout = plan_tree_attention(TreeAttentionSpec.from_tree_plan(plan, num_q_heads, num_kv_heads, head_dim))
+    want = TorchTreeAttention().run(layout, q, k, v)
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)

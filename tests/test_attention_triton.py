@@ -1,4 +1,4 @@
-"""Tree-verify attention kernels (Triton and torch) against a float64 dense oracle.
+"""Tree-verify attention backends (Triton and torch) against a float64 dense oracle; the plan step.
 
 On a machine without CUDA the Triton kernels run under the interpreter: the
 environment variable is set here, before anything imports triton (this file needs no
@@ -25,9 +25,10 @@ from dataclasses import dataclass, replace  # noqa: E402
 import pytest  # noqa: E402
 
 from attention import tree_attention  # noqa: E402
+from attention.layout import TreeAttentionLayout, TreeAttentionSpec, plan_tree_attention  # noqa: E402
 from attention.plan import TreeBatch, plan_tree_batch  # noqa: E402
-from attention.reference import torch_tree_attention  # noqa: E402
-from attention.tree_attn import Backend  # noqa: E402
+from attention.reference import TorchTreeAttention  # noqa: E402
+from attention.tree_attn import Backend, get_backend  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -53,6 +54,12 @@ class Problem:
         self,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.q, self.k_cache, self.v_cache, self.kv_indptr, self.kv_indices, self.qo_indptr, self.custom_mask)
+
+    def layout(self, sm_scale: float | None = None) -> TreeAttentionLayout:
+        return plan_tree_attention(TreeAttentionSpec(
+            qo_indptr=self.qo_indptr, kv_indptr=self.kv_indptr, kv_indices=self.kv_indices,
+            custom_mask=self.custom_mask, num_q_heads=self.q.shape[1], num_kv_heads=self.k_cache.shape[1],
+            head_dim=self.q.shape[2], sm_scale=sm_scale))
 
 
 def random_tree(n: int, gen: torch.Generator) -> list[int]:
@@ -129,13 +136,17 @@ def assert_close_to_oracle(got: torch.Tensor, p: Problem, sm_scale: float | None
     torch.testing.assert_close(got.double().cpu(), oracle_f64(p, sm_scale), atol=atol, rtol=rtol)
 
 
-def run_triton(p: Problem, **kwargs: object) -> torch.Tensor:
-    from attention.triton_tree import triton_tree_attention
+def run_triton(p: Problem, sm_scale: float | None = None, **kwargs: int) -> torch.Tensor:
+    from attention.triton_tree import TritonTreeAttention
 
     out = torch.full_like(p.q, float("nan"))  # poison: every element must be written
-    result = triton_tree_attention(*p.args(), out=out, **kwargs)  # type: ignore[arg-type]
+    result = TritonTreeAttention(**kwargs).run(p.layout(sm_scale), p.q, p.k_cache, p.v_cache, out=out)
     assert result.data_ptr() == out.data_ptr()
     return result
+
+
+def run_torch(p: Problem, sm_scale: float | None = None) -> torch.Tensor:
+    return TorchTreeAttention().run(p.layout(sm_scale), p.q, p.k_cache, p.v_cache)
 
 
 # ----------------------------------------------------------------------------
@@ -199,13 +210,13 @@ def test_tree_attention_dispatches_to_triton_and_torch() -> None:
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(4, 4), (6, 2)])
 def test_torch_backend_matches_float64_oracle(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int) -> None:
     p = make_problem([5, 1, 9, 3], [12, 0, 30, 1], num_q_heads, num_kv_heads, dtype=dtype, seed=num_q_heads)
-    assert_close_to_oracle(torch_tree_attention(*p.args()), p)
+    assert_close_to_oracle(run_torch(p), p)
     assert_close_to_oracle(tree_attention(*p.args(), backend="torch"), p)
 
 
 def test_torch_backend_arbitrary_mask_and_scale() -> None:
     p = make_problem([6, 4], [9, 5], random_mask=True, seed=4)
-    assert_close_to_oracle(torch_tree_attention(*p.args(), sm_scale=2.0), p, sm_scale=2.0)
+    assert_close_to_oracle(run_torch(p, sm_scale=2.0), p, sm_scale=2.0)
 
 
 # ----------------------------------------------------------------------------
@@ -239,6 +250,79 @@ def test_invalid_inputs_raise_value_error_naming_argument(mutate: Mutation, matc
         tree_attention(*bad.args(), backend="torch")
 
 
+# ----------------------------------------------------------------------------
+# Plan once, run per layer
+# ----------------------------------------------------------------------------
+
+
+def all_backends() -> list[str]:
+    return ["torch", "triton"] if HAS_TRITON else ["torch"]
+
+
+@pytest.mark.parametrize("backend", all_backends())
+def test_one_layout_serves_every_layer_without_a_host_sync(backend: str) -> None:
+    """Three "layers" (fresh q / K / V each) run on one layout, and none would block a GPU's host.
+
+    The Triton interpreter copies every tensor to the host by design, so the sync check of the
+    Triton backend runs on CUDA only; on CPU its results are still checked.
+    """
+    from sglang_reanchor.audit import SyncDetector
+
+    base = make_problem([5, 2, 7], [9, 0, 4], seed=21)
+    layout = base.layout()
+    impl = get_backend(backend, DEVICE)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(5)
+    layers = [replace(base, q=torch.randn(base.q.shape, generator=gen).to(DEVICE),
+                      k_cache=torch.randn(base.k_cache.shape, generator=gen).to(DEVICE),
+                      v_cache=torch.randn(base.v_cache.shape, generator=gen).to(DEVICE)) for _ in range(3)]
+    impl.run(layout, base.q, base.k_cache, base.v_cache)  # warm-up: Triton compiles outside the region
+    with SyncDetector() as sync:
+        outs = [impl.run(layout, p.q, p.k_cache, p.v_cache) for p in layers]
+    if backend == "torch" or DEVICE == "cuda":
+        assert sync.hits == [], [str(h) for h in sync.hits]
+    for p, got in zip(layers, outs, strict=True):
+        assert_close_to_oracle(got, p)
+    with SyncDetector() as planning:  # the detector sees the plan step's host reads: the check above can fail
+        base.layout()
+    assert any(h.op == "Tensor.tolist" for h in planning.hits)
+
+
+def test_plan_reads_host_facts_once() -> None:
+    p = make_problem([3, 1, 4], [2, 5, 0], seed=8)
+    layout = p.layout(sm_scale=0.5)
+    assert layout.qo_lens == (3, 1, 4) and layout.kv_lens == (5, 6, 4) and layout.sm_scale == 0.5
+    assert layout.mask_indptr.tolist() == [0, 15, 21, 37]
+    assert layout.min_slots == int(p.kv_indices.max()) + 1 and layout.group_size == 2
+    assert p.layout().sm_scale == pytest.approx(16**-0.5)
+
+
+def test_run_refuses_tensors_that_do_not_match_the_plan() -> None:
+    p = make_problem([3, 2], [4, 1])
+    layout = p.layout()
+    torch_backend = TorchTreeAttention()
+    with pytest.raises(ValueError, match="as planned"):
+        torch_backend.run(layout, p.q[:, :2], p.k_cache, p.v_cache)
+    with pytest.raises(ValueError, match="planned for 2"):
+        torch_backend.run(layout, p.q, p.k_cache[:, :1], p.v_cache[:, :1])
+    with pytest.raises(ValueError, match="kv_indices must lie"):
+        torch_backend.run(layout, p.q, p.k_cache[: layout.min_slots - 1], p.v_cache[: layout.min_slots - 1])
+    with pytest.raises(ValueError, match="out must match"):
+        torch_backend.run(layout, p.q, p.k_cache, p.v_cache, out=p.q[:-1])
+    with pytest.raises(ValueError, match="TreeAttentionSpec"):
+        plan_tree_attention(p.args())  # type: ignore[arg-type]
+    bad = TreeAttentionSpec(qo_indptr=p.qo_indptr, kv_indptr=p.kv_indptr, kv_indices=p.kv_indices - 100,
+                            custom_mask=p.custom_mask, num_q_heads=4, num_kv_heads=2, head_dim=16)
+    with pytest.raises(ValueError, match="kv_indices must lie"):
+        plan_tree_attention(bad)
+
+
+def test_plan_from_a_tree_plan_equals_the_spec_of_its_arrays() -> None:
+    tree = plan_tree_batch(TreeBatch.from_lists([[-1, 0, 0, 1], [-1, 0]], [2, 1]))
+    layout = plan_tree_attention(TreeAttentionSpec.from_tree_plan(tree, 4, 2, 16))
+    assert torch.equal(layout.custom_mask, tree.custom_mask) and layout.qo_lens == (4, 2)
+    assert layout.kv_lens == (6, 3) and layout.min_slots == 9
+
+
 def test_invalid_backend_raises() -> None:
     p = make_problem([2], [1])
     with pytest.raises(ValueError, match="backend"):
@@ -260,6 +344,11 @@ def test_package_imports_without_triton_or_flashinfer() -> None:
         "    pass\n"
         "else:\n"
         "    raise AssertionError('expected ImportError')\n"
+        "assert 'attention.triton_tree' not in sys.modules\n"
+        "from attention.layout import TreeAttentionSpec, plan_tree_attention\n"
+        "from attention import TorchTreeAttention\n"
+        "spec = TreeAttentionSpec(i, kv, s, torch.ones(6, dtype=torch.bool), 2, 1, 16)\n"
+        "assert torch.equal(TorchTreeAttention().run(plan_tree_attention(spec), q, k, k), out)\n"
         "assert 'attention.triton_tree' not in sys.modules\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
