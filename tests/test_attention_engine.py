@@ -1,4 +1,7 @@
-"""The reference engine verifying trees through `attention.tree_attention` (torch and Triton backends)."""
+"""The reference engine verifying trees through this package's tree-attention backends (torch and Triton).
+
+The backend plans once per target forward (at layer 0) and every layer runs on that layout.
+"""
 
 from __future__ import annotations
 
@@ -31,10 +34,14 @@ def test_engine_with_tree_attention_backend_is_lossless(backend, dtype, seed):
     prompt = torch.tensor([[1, 4, 0, 5, 3]])
     expected = greedy(target, prompt, 20)  # oracle: HF's own SDPA attention
     drafter = tiny_drafter(target, block_size=6, seed=seed)
-    assert use_tree_attention(target, backend) == f"reanchor_tree_{backend}"
+    forward = use_tree_attention(target, backend)
+    assert target.config._attn_implementation == f"reanchor_tree_{backend}"
+    forwards = []
+    target.model.register_forward_hook(lambda *_: forwards.append(1))
     gen = SpeculativeGenerator(target, drafter, ReAnchorConfig(offsets=(1, 2), node_budget=24))
     for method in ("target", "dflash", "reanchor"):
         assert gen.generate(prompt, 20, method=method).tokens == expected, method
+    assert len(forwards) > 0 and forward.plans == len(forwards)  # one plan per forward, not per layer
 
 
 def test_unknown_backend_is_refused():
