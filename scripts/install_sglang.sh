@@ -34,7 +34,7 @@ pip install -q triton==3.7.1 transformers==5.19.0 tokenizers==0.23.2 safetensors
     ipython aiohttp dill apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0 \
     gguf accelerate uvloop openai==2.8.0 partial_json_parser uvicorn fastapi setproctitle \
     einops xgrammar==0.2.7 python-multipart interegular prometheus-client xxhash zstandard \
-    jsonschema soundfile pytest hypothesis
+    jsonschema soundfile pytest hypothesis mypy
 # datasets: sglang.test.test_utils (the spec server kits and fixtures) imports SGLang's benchmark package
 pip install -q datasets==5.2.0
 pip install -q --no-deps sglang==0.5.23 torchvision==0.28.0

@@ -198,12 +198,13 @@ def test_reanchor_tokens_equal_plain_sglang(pair):
         assert spec[rid]["output_ids"] == plain[rid]["output_ids"], rid
 
 
-@pytest.mark.parametrize("config", ['{"policy": "offset"}', '{"offsets": []}'], ids=["reanchor", "chain"])
-def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path, config):
-    """A Domino drafter (SGLang's ``projector_type: "domino"`` format): every block is rolled out
-    from its own anchor by SGLang's `domino_greedy_rollout` in the worker, by `DominoHead` in the
-    reference engine (equal to SGLang's, tests_sglang/test_drafter_families.py); tokens and rounds
-    equal the engine's, and the tokens equal plain greedy decoding."""
+def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path):
+    """A Domino drafter (SGLang's ``projector_type: "domino"`` format): every block, the baseline
+    and the shifted ones, is rolled out from its own anchor by SGLang's `domino_greedy_rollout` in
+    the worker, by `DominoHead` in the reference engine (equal to SGLang's,
+    tests_sglang/test_drafter_families.py); tokens and rounds equal the engine's, and the tokens
+    equal plain greedy decoding. (SGLang's own Domino runtime wants CUDA and bfloat16: the CPU
+    hook ``domino-on-cpu`` in `seam` keeps its other checks.)"""
     from factories import tiny_domino_drafter
 
     root, target, _ = pair
@@ -213,6 +214,7 @@ def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path, co
     domino = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
     write_zlab_drafter(domino, domino_root / "drafter")
     trace = tmp_path / "trace.jsonl"
+    config = '{"policy": "offset"}'
     got = serve(domino_root, "REANCHOR", ROUNDS[:1], config, trace)
     reference = SpeculativeGenerator(target, domino, config=parse_config(config))
     taus = trace_taus(trace)
@@ -220,7 +222,7 @@ def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path, co
         ref = reference.generate(prompt, n, method="reanchor")
         assert got[rid]["output_ids"] == ref.tokens == reference.generate(prompt, n, method="target").tokens, rid
         assert taus[rid] == ref.acceptance_lengths, rid
-    assert max(max(t) for t in taus.values()) > 1  # the Domino drafts are accepted
+    assert max(max(t) for t in taus.values()) > 1  # drafts are accepted (random weights: via shifted rows)
 
 
 def test_a_dspark_drafter_is_refused_at_launch_with_the_reason(pair, tmp_path):

@@ -27,12 +27,15 @@ RANK = """
         use_hpu_communicator=False, use_xpu_communicator=False, group_name="tp")
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
     from sglang.srt.speculative.spec_tp_sync import SpecTpSync
+    from sglang_reanchor.config import ReAnchorConfig
+    from sglang_reanchor.round import RoundCore
     from sglang_reanchor.srt.worker import ReAnchorWorker
     from sglang_reanchor.tree import DraftTree
 
     worker = ReAnchorWorker.__new__(ReAnchorWorker)  # only _accept's state: no model is needed
     worker._tp_sync = SpecTpSync(group)
     worker._sample_rng = torch.Generator().manual_seed(0)
+    worker.core = RoundCore(ReAnchorConfig(), num_drafts=3, device="cpu")  # the acceptance the worker calls
 
     vocab = 16
     tree = DraftTree.chain(torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]))  # [2, 4]
@@ -53,7 +56,8 @@ RANK = """
     acc = worker._accept(tree, logits, torch.arange(4).repeat(2, 1), info)
     print("RESULT" + json.dumps({"local_top1": int(logits[0, 2].argmax()),
                                  "lengths": acc.suffix_lengths.tolist(),
-                                 "predictions": acc.suffix_predictions.tolist(),
+                                 "predictions": [p[:n] for p, n in zip(acc.suffix_predictions.tolist(),
+                                                                       acc.suffix_lengths.tolist())],
                                  "bonus": acc.bonus.tolist()}))
     torch.distributed.destroy_process_group()
 """

@@ -37,6 +37,10 @@ class DraftVocabHead(nn.Module):
     The rows are copied once (``[K, H]``), so a round reads only them.
     """
 
+    token_ids: Tensor  # [K] long (buffer)
+    weight: Tensor  # [K, H] (buffer)
+    bias: Tensor | None  # [K] (buffer)
+
     def __init__(self, lm_head: nn.Module, token_ids: Tensor) -> None:
         super().__init__()
         weight = lm_head.weight

@@ -41,6 +41,8 @@ __all__ = ["ArgmaxHead", "DraftHead", "VocabView", "check_rollout_inputs", "voca
 class DraftHead(Protocol):
     """What `multi_anchor.draft_blocks` (and the SGLang worker) call to draft a block."""
 
+    family: str  # "dflash", "domino" or "dspark"
+
     def rollout(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module, lm_head: nn.Module,
                 num_drafts: int, vocab_size: int | None = None) -> Tensor:
         """``hidden [bs, R, W, H]``, ``anchors [bs, R]`` long -> drafts ``[bs, R, num_drafts]`` long

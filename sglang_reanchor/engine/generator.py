@@ -31,6 +31,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
 
 from ..budget import BudgetPolicy
 from ..config import ReAnchorConfig
@@ -113,7 +114,7 @@ class _Request:
     """Per-request decoding state (one sequence)."""
 
     slot: int  # its row of the suffix store
-    cache: object  # the target's DynamicCache, holding positions [0, seq_len)
+    cache: DynamicCache  # the target's cache, holding positions [0, seq_len)
     draft_cache: DraftContextCache  # drafter context K/V, positions [0, seq_len)
     seq_len: int  # s: committed tokens whose KV is cached
     bonus: int  # the committed token at position s (its KV not cached yet)
@@ -146,7 +147,7 @@ class SpeculativeGenerator:
 
     def __init__(
         self,
-        target: torch.nn.Module,
+        target: PreTrainedModel,
         drafter: DFlashDrafter,
         config: ReAnchorConfig | None = None,
         tokenizer: object | None = None,
@@ -307,6 +308,7 @@ class SpeculativeGenerator:
             plan = self.core.commit(tree, acc, torch.tensor([req.seq_len], device=tree.tokens.device))
             taus.append(int(plan.commit_lens[0]))
             out += plan.out_tokens[0, : taus[-1]].tolist()
+            assert verified.features is not None  # asked for: the drafter's context
             self._commit(req, acc, plan, verified.features, keep_suffix=proposer.stores_suffix)
             sizes.append(int(tree.num_nodes[0]))
             path = acc.accepted_nodes[0, : taus[-1]]
@@ -343,6 +345,7 @@ class SpeculativeGenerator:
         first = int(draw(out.logits[:, -1], torch.tensor([n - 1], device=out.logits.device))[0])
         draft_cache = DraftContextCache()
         if with_drafter:
+            assert out.features is not None
             draft_cache.append(self.drafter.project_context(out.features, positions.to(self.target.device)))
         return _Request(slot=slot, cache=cache, draft_cache=draft_cache, seq_len=n, bonus=first)
 

@@ -18,7 +18,7 @@ that wants another tree subclasses one and overrides `tree`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -80,7 +80,7 @@ class Drafting:
     @property
     def token_ids(self) -> Tensor | None:
         """The token of each logit column when drafting over a reduced vocabulary."""
-        return self.head.token_ids if isinstance(self.head, DraftVocabHead) else None
+        return cast(Tensor, self.head.token_ids) if isinstance(self.head, DraftVocabHead) else None
 
 
 class Proposer(Protocol):

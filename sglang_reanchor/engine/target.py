@@ -135,6 +135,7 @@ class TargetModel:
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise TypeError(f"cannot compact a {type(layer).__name__}; only full-attention DynamicLayer caches")
+            assert layer.keys is not None and layer.values is not None  # a layer holding the prefix
             if contiguous:
                 layer.keys = layer.keys[..., : prefix + t, :]
                 layer.values = layer.values[..., : prefix + t, :]

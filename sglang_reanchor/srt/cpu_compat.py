@@ -129,3 +129,24 @@ def _all_gather_on_cpu(original: Any, group: Any, output: Any, input: Any) -> No
         group._all_gather_into_tensor(output, input)
         return
     original(group, output, input)
+
+
+def _validate_domino_on_cpu(original: Any, *, device: Any, **checks: Any) -> None:
+    """SGLang's Domino checks on a CPU, all of them but the two that pin its GPU runtime.
+
+    SGLang 0.5.23 limits DFLASH Domino to CUDA and to bfloat16 weights (its graphs and
+    its memory sizing); the rollout itself (``domino_greedy_rollout``) is plain torch and
+    runs on a CPU in any dtype, where REANCHOR serves Domino drafters eagerly
+    (tests_sglang/test_serving_cpu.py). The device rule is passed as CUDA; the dtype rule
+    is SGLang's last check, so its error means every other check passed.
+    """
+    import torch
+
+    if torch.device(device).type != "cpu":
+        original(device=device, **checks)
+        return
+    try:
+        original(device=torch.device("cuda"), **checks)
+    except ValueError as err:
+        if not str(err).startswith("DFLASH Domino currently requires BF16"):
+            raise

@@ -83,6 +83,10 @@ HOOKS: tuple[Hook, ...] = (
          "cpu_compat:_all_gather_on_cpu", "worker", "plain CPU, TP > 1",
          "the custom all-gather op has no CPU kernel; use SGLang's gloo path as its CPU engine does",
          plain_cpu_only=True),
+    Hook("domino-on-cpu", "sglang.srt.speculative.dflash_worker_v2.validate_domino_runtime",
+         "cpu_compat:_validate_domino_on_cpu", "worker", "plain CPU",
+         "SGLang's Domino runtime wants CUDA and bfloat16; its rollout is plain torch: keep the other checks",
+         plain_cpu_only=True),
 )
 
 # What ReAnchorWorker uses of DFlashWorkerV2 beyond its public entry points.

@@ -28,7 +28,7 @@ _SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 )
-_LIBRARIES = []  # keeps the torch.library.Library defining the schemas alive
+_LIBRARIES: list[object] = []  # keeps the torch.library.Library defining the schemas alive
 
 
 class _DeclareMissingOps(importlib.abc.MetaPathFinder):

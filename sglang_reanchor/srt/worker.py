@@ -285,7 +285,7 @@ class ReAnchorWorker(DFlashWorkerV2):
             self._trace(batch, tree, acc, suffix.lengths)
 
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=commit.new_seq_lens)
-        if self._time_rounds:
+        if self._time_rounds and self._batch_budget is not None:
             self._batch_budget.record_seconds(bs, budget, time.perf_counter() - start)
         return GenerationBatchResult(
             logits_output=logits_output,
