@@ -8,18 +8,18 @@ capture and the prompt's draft KV (`forward_batch_generation`'s extend branch),
 the TP-safe greedy argmax over the target's vocab-parallel LM head, the mask
 token and embedding handling, and the prefix-valid draft KV writer.
 
-Replaced: the decode step (`_decode`), one round per call::
+Replaced: the decode step (`_decode`), one round per call, in named steps; the
+round's device logic is the project's `RoundCore` (``self.core``), as in the engine::
 
-    suffixes  gather each request's rejected suffix by req_pool_idx
-    draft     one drafter forward: baseline + shifted blocks (layout.draft_window)
-    tree      build_draft_tree (the project's core)
-    verify    one target forward over every node, FULL_MASK custom mask
-    accept    every node scored with its own path's penalties and grammar state;
-              accept_tree (greedy, or a target sample per node); logprobs of the
-              emitted tokens from the same rows
-    commit    move the accepted path's target KV to the front of the window;
-              write its features into the draft KV; store the new rejected suffix
-    return    GenerationBatchResult (accepted drafts + bonus per request)
+    _begin_round   each request's rejected suffix (by req_pool_idx), node budget, room in its row
+    _draft_tree    one drafter forward: baseline + shifted blocks (layout.draft_window), the tree
+    _verify        one target forward over every node, FULL_MASK custom mask
+    _accept_nodes  every node scored with its own path's penalties and grammar state; the
+                   acceptance (greedy, or a target sample per node), TP-synced
+    core.commit    the commit plan; logprobs and sampling masks of the emitted tokens (outputs)
+    _commit        the accepted path's target KV to the front of the window, its features
+                   into the draft KV, the new rejected suffix into the store
+    return         GenerationBatchResult (accepted drafts + bonus per request)
 
 The radix cache only ever sees committed tokens: SGLang inserts
 ``[0, kv_committed_len)``, which advances by ``accept_lens``; rejected nodes stay
@@ -28,15 +28,14 @@ in reserved slots past it and are overwritten next round.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sglang.srt.layers.logits_processor import LogitsProcessor, SamplingMaskOutput, SamplingMaskStatus
-from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
@@ -46,7 +45,6 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
     enable_num_token_non_padded,
-    get_required_capture_hidden_mode,
     get_server_return_hidden_states_mode,
 )
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -70,10 +68,11 @@ from ..suffix import SuffixBatch, SuffixStore
 from ..tree import DraftTree
 from ..verify import Acceptance
 from . import seam
-from .context_end import check_reserved, reserved_columns, round_room, set_row_width
+from .context_end import RoundRoom, check_reserved, reserved_columns, round_room, set_row_width
 from .cpu_compat import needs_cpu_hooks
 from .layout import cap_tree, draft_window, verify_inputs
-from .node_sampling import adjust_node_logits, emitted_support, node_picks
+from .node_sampling import adjust_node_logits, node_picks
+from .outputs import attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
 
@@ -95,6 +94,32 @@ class DraftWindowInput(DFlashVerifyInput):
     """
 
     masks_prefix = True
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One round's inputs: device tensors ``[bs]``-leading; host numbers named so."""
+
+    bs: int
+    slots: torch.Tensor  # [bs] req_pool_idx
+    prefix: torch.Tensor  # [bs] long: committed tokens (device)
+    seq_lens_cpu: torch.Tensor  # [bs]: the same on the host
+    max_prefix: int  # host: the longest prefix (FULL_MASK offsets are computed on the device below it)
+    prefix_sum: int  # host: the prefixes' sum (FULL_MASK's size)
+    suffix: SuffixBatch  # each request's rejected suffix
+    budget: int  # tree nodes per request this round
+    room: RoundRoom  # host: what the row's end leaves for the window and the tree
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """The target's verify forward over the tree (``N`` = its width)."""
+
+    logits_output: Any  # SGLang's LogitsProcessorOutput: [bs * N, V] logits, [bs * N, F] features
+    loc: torch.Tensor  # [bs, N] KV slots the nodes were written to
+    plan: Any  # SGLang's KV index plan of those writes (the draft KV shares its slot ids)
+    positions: torch.Tensor  # [bs, N]
+    width: int  # N
 
 
 class ReAnchorWorker(DFlashWorkerV2):
@@ -173,7 +198,7 @@ class ReAnchorWorker(DFlashWorkerV2):
                 self.suffixes.reset(batch.req_pool_indices)  # prefill: a (re)admitted request has none
             result = super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
             if batch.return_hidden_states and result.logits_output is not None:
-                result.logits_output.hidden_states = self._prefill_hidden_states(batch, result.logits_output)
+                result.logits_output.hidden_states = prefill_hidden_states(batch, result.logits_output)
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
@@ -185,51 +210,93 @@ class ReAnchorWorker(DFlashWorkerV2):
     # ---- one ReAnchor round -----------------------------------------------------------
 
     def _decode(self, batch: Any, grammar_barrier: Any = None) -> GenerationBatchResult:
+        """One round: draft a tree, verify it, accept, commit (the module docstring's steps)."""
         start = time.perf_counter()
+        rnd = self._begin_round(batch)
+        tree = self._draft_tree(batch, rnd)
+        grammar_tree = self._grammar_tree(batch, tree)
+        verified = self._verify(batch, rnd, tree)
+        logits, acc = self._accept_nodes(batch, rnd, tree, verified, grammar_tree, grammar_barrier)
+        commit = self.core.commit(tree, acc, rnd.prefix)
+        attach_token_outputs(batch, verified.logits_output, logits, commit)
+        self._commit(rnd, verified, acc, commit)
+        # the scheduler copies these to the host: only for requests that asked for them
+        verified.logits_output.hidden_states = (
+            emitted_hidden_states(verified.logits_output, commit, rnd.bs, verified.width)
+            if batch.return_hidden_states else None)
+        if self._trace_path:
+            write_trace(self._trace_path, batch, tree, acc, rnd.suffix.lengths)
+        if self._time_rounds and self._batch_budget is not None:
+            self._batch_budget.record_seconds(rnd.bs, rnd.budget, time.perf_counter() - start)
+        return GenerationBatchResult(
+            logits_output=verified.logits_output,
+            next_token_ids=commit.out_tokens.reshape(-1),
+            accept_lens=commit.commit_lens.to(torch.int32),
+            can_run_cuda_graph=False,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=acc.bonus,
+                                                                new_seq_lens=commit.new_seq_lens),
+            speculative_num_draft_tokens=self.widths.reserve_width,
+            speculative_output_stride=self.widths.output_stride,
+            new_seq_lens=commit.new_seq_lens,
+        )
+
+    def _begin_round(self, batch: Any) -> _Round:
+        """The round's inputs: each request's rejected suffix, node budget and room left in its row."""
         bs = len(batch.seq_lens)
         slots = batch.req_pool_indices
         prefix = batch.seq_lens.long()
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
-        host = dict(max_prefix=int(seq_lens_cpu.max()), prefix_sum=int(seq_lens_cpu.sum()))  # host numbers
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        row_width = int(self.model_runner.req_to_token_pool.req_to_token.shape[1])
         self.suffixes.retain_only(slots)  # finished, aborted, retracted requests left the batch
         suffix = self.suffixes.gather(slots, prefix)
         # near the row's end the window and the tree shrink to the columns left (context_end)
         budget = self._round_node_budget(bs)
-        room = round_room(seq_lens_cpu, int(req_to_token.shape[1]), self.widths.draft_columns, budget)
+        room = round_room(seq_lens_cpu, row_width, self.widths.draft_columns, budget)
         # a short reservation fails here, before any write, not as a write into someone else's slots
         check_reserved(reserved_columns(batch.reqs, seq_lens_cpu), room.writes, batch.reqs)
+        return _Round(bs=bs, slots=slots, prefix=prefix, seq_lens_cpu=seq_lens_cpu,
+                      max_prefix=int(seq_lens_cpu.max()), prefix_sum=int(seq_lens_cpu.sum()),
+                      suffix=suffix, budget=budget, room=room)
 
-        # --- draft: the 1 + R blocks of every request in one drafter forward, then the tree
-        anchors = self.core.anchors(batch.spec_info.bonus_tokens.view(-1), prefix, suffix, int(self._mask_token_id))
-        blocks, anchors, logits = self._draft(batch, room.drafted, prefix, seq_lens_cpu, anchors, suffix)
-        tree = self.core.tree(blocks, anchors, suffix, budget, baseline_logits=logits,
-                              token_ids=None if self._draft_vocab is None else self._draft_vocab)
+    def _draft_tree(self, batch: Any, rnd: _Round) -> DraftTree:
+        """The 1 + R blocks of every request in one drafter forward, merged into the tree."""
+        anchors = self.core.anchors(batch.spec_info.bonus_tokens.view(-1), rnd.prefix, rnd.suffix,
+                                    int(self._mask_token_id))
+        blocks, anchors, logits = self._draft(batch, rnd, anchors)
+        tree = self.core.tree(blocks, anchors, rnd.suffix, rnd.budget, baseline_logits=logits,
+                              token_ids=self._draft_vocab)
         if self._trim_trees:
             tree = tree.trimmed()
         # room lives on the host (from seq_lens_cpu): these checks read no device memory
-        cap = int(room.node_caps.max())
-        if not bool(room.drafted.all()) or cap < tree.width:
-            tree = cap_tree(tree, room.node_caps, width=min(cap, tree.width))
-        grammar_tree = None
-        if batch.has_grammar:  # the tree's pointers on the host, copied before the verify launch
-            _, next_token, next_sibling = tree.retrieve_arrays()
-            grammar_tree = GrammarTree.from_device(next_token, next_sibling, tree.tokens)
+        cap = int(rnd.room.node_caps.max())
+        if not bool(rnd.room.drafted.all()) or cap < tree.width:
+            tree = cap_tree(tree, rnd.room.node_caps, width=min(cap, tree.width))
+        return tree
 
-        # --- verify: one target forward over the tree
-        vin = verify_inputs(tree, prefix, **host)
+    @staticmethod
+    def _grammar_tree(batch: Any, tree: DraftTree) -> Any:
+        """For grammar requests, the tree's pointers on the host, copied before the verify launch."""
+        if not batch.has_grammar:
+            return None
+        _, next_token, next_sibling = tree.retrieve_arrays()
+        return GrammarTree.from_device(next_token, next_sibling, tree.tokens)
+
+    def _verify(self, batch: Any, rnd: _Round, tree: DraftTree) -> _Verified:
+        """One target forward over every node of the tree (FULL_MASK custom mask)."""
+        vin = verify_inputs(tree, rnd.prefix, max_prefix=rnd.max_prefix, prefix_sum=rnd.prefix_sum)
         width = tree.width
-        verify_loc = req_to_token[slots[:, None], vin.columns].long()  # [bs, N]
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        loc = req_to_token[rnd.slots[:, None], vin.columns].long()  # [bs, N]
         translator = self.target_worker.model_runner.kv_index_translator
-        plan = translator.plan(req_pool_indices=slots, seq_lens=batch.seq_lens, seq_lens_cpu=seq_lens_cpu,
-                               write_virtual=verify_loc.reshape(-1), read_extent=width)
+        plan = translator.plan(req_pool_indices=rnd.slots, seq_lens=batch.seq_lens, seq_lens_cpu=rnd.seq_lens_cpu,
+                               write_virtual=loc.reshape(-1), read_extent=width)
         verify_input = DFlashVerifyInput(
             draft_token=vin.tokens, positions=vin.positions, draft_token_num=width,
             custom_mask=vin.custom_mask, capture_hidden_mode=CaptureHiddenMode.FULL, kv_loc_plan=plan,
         )
-        batch.out_cache_loc = verify_loc.reshape(-1)
+        batch.out_cache_loc = loc.reshape(-1)
         backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        batch.seq_lens_cpu = seq_lens_cpu + width
+        batch.seq_lens_cpu = rnd.seq_lens_cpu + width
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = backup
@@ -240,24 +307,26 @@ class ReAnchorWorker(DFlashWorkerV2):
         lp = self._target_logits_processor
         if lp is not None and lp.is_deferred_shard(logits_output.next_token_logits):
             logits_output.next_token_logits = lp.finish_deferred_gather(logits_output.next_token_logits)
-        # --- accept: every node scored with its own path's penalties (node_sampling)
-        logits = adjust_node_logits(logits_output.next_token_logits.view(bs, width, -1), tree, batch.reqs,
-                                    batch.sampling_info)
-        if grammar_tree is not None:  # ... and masked with the grammar state of that path
-            logits = self._mask_by_grammar(batch, grammar_tree, logits, grammar_barrier)
-        acc = self._accept(tree, logits, vin.positions.view(bs, width), batch.sampling_info)
-        if self._batch_budget is not None:  # synced picks: every rank learns the same tau(b)
-            self._batch_budget.observe(acc.accepted_nodes, budget)
-        commit = self.core.commit(tree, acc, prefix)
-        if batch.return_logprob:
-            self._output_logprobs(batch, logits_output, logits, commit)
-        info = batch.sampling_info
-        if info is not None and info.sampling_mask_batch_indices is not None:
-            logits_output.sampling_mask_output = self._sampling_mask_output(info, logits, commit)
+        return _Verified(logits_output=logits_output, loc=loc, plan=plan,
+                         positions=vin.positions.view(rnd.bs, width), width=width)
 
-        # --- commit: target KV of the accepted path to the front of the window (bs * T moves,
-        # identity ones included: a fixed-size list)
-        window = verify_loc.reshape(-1)
+    def _accept_nodes(self, batch: Any, rnd: _Round, tree: DraftTree, verified: _Verified, grammar_tree: Any,
+                      grammar_barrier: Any) -> tuple[torch.Tensor, Acceptance]:
+        """Every node scored with its own path's penalties and grammar state (``[bs, N, V]``), then
+        the acceptance: the target's pick at every node, greedy or drawn (TP-synced)."""
+        logits = adjust_node_logits(verified.logits_output.next_token_logits.view(rnd.bs, verified.width, -1),
+                                    tree, batch.reqs, batch.sampling_info)
+        if grammar_tree is not None:
+            logits = self._mask_by_grammar(batch, grammar_tree, logits, grammar_barrier)
+        acc = self._accept(tree, logits, verified.positions, batch.sampling_info)
+        if self._batch_budget is not None:  # synced picks: every rank learns the same tau(b)
+            self._batch_budget.observe(acc.accepted_nodes, rnd.budget)
+        return logits, acc
+
+    def _commit(self, rnd: _Round, verified: _Verified, acc: Acceptance, commit: CommitPlan) -> None:
+        """The accepted path's target KV to the front of the window (``bs * T`` moves, identity ones
+        included: a fixed-size list), its features into the draft KV, the new rejected suffix out."""
+        window = verified.loc.reshape(-1)
         src, dst = window[commit.move_src], window[commit.move_dst]
         pool = self.model_runner.token_to_kv_pool
         if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
@@ -265,38 +334,17 @@ class ReAnchorWorker(DFlashWorkerV2):
         else:
             pool.move_kv_cache(dst, src)
 
-        # --- features of the committed rows into the draft KV; the rejected suffix out
-        hidden = logits_output.hidden_states.view(bs, width, -1)
+        hidden = verified.logits_output.hidden_states.view(rnd.bs, verified.width, -1)
         dim = hidden.shape[-1]
-        accept_lens = commit.commit_lens.to(torch.int32)
         path = commit.path_nodes  # [bs, T]
         commit_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, dim))
-        commit_ids = self._draft_write_ids(plan).view(bs, width)[:, : path.shape[1]]
-        positions = prefix[:, None] + torch.arange(path.shape[1], device=prefix.device)
+        commit_ids = self._draft_write_ids(verified.plan).view(rnd.bs, verified.width)[:, : path.shape[1]]
+        positions = rnd.prefix[:, None] + torch.arange(path.shape[1], device=rnd.prefix.device)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=commit_hidden.reshape(-1, dim), cache_loc=commit_ids.reshape(-1),
-            cache_loc_2d=commit_ids, positions=positions.reshape(-1), commit_lens=accept_lens,
+            cache_loc_2d=commit_ids, positions=positions.reshape(-1), commit_lens=commit.commit_lens.to(torch.int32),
         )
-        self.suffixes.put(slots, *self.core.next_suffix(acc, commit, hidden))
-        # the scheduler copies these to the host: only for requests that asked for them
-        logits_output.hidden_states = (self._emitted_hidden_states(logits_output, commit, bs, width)
-                                       if batch.return_hidden_states else None)
-        if self._trace_path:
-            self._trace(batch, tree, acc, suffix.lengths)
-
-        next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=commit.new_seq_lens)
-        if self._time_rounds and self._batch_budget is not None:
-            self._batch_budget.record_seconds(bs, budget, time.perf_counter() - start)
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=commit.out_tokens.reshape(-1),
-            accept_lens=accept_lens,
-            can_run_cuda_graph=False,
-            next_draft_input=next_draft_input,
-            speculative_num_draft_tokens=self.widths.reserve_width,
-            speculative_output_stride=self.widths.output_stride,
-            new_seq_lens=commit.new_seq_lens,
-        )
+        self.suffixes.put(rnd.slots, *self.core.next_suffix(acc, commit, hidden))
 
     @staticmethod
     def _mask_by_grammar(batch: Any, grammar_tree: Any, logits: torch.Tensor, barrier: Any) -> torch.Tensor:
@@ -316,76 +364,6 @@ class ReAnchorWorker(DFlashWorkerV2):
         rows = logits.reshape(bs * width, vocab).contiguous()
         mask.apply(rows)
         return rows.view(bs, width, vocab)
-
-    @staticmethod
-    def _output_logprobs(batch: Any, logits_output: Any, logits: torch.Tensor, commit: Any) -> None:
-        """The target's logprobs of the emitted tokens, as a plain server returns them.
-
-        Emitted token ``j`` of a request is the target's pick after its path node ``j``,
-        so its row is ``logits[b, path_nodes[b, j]]`` (``logits``: ``[bs, N, V]``, with
-        the node's penalties and bias, as plain decoding's sampler sees them). Those
-        rows, laid out as a DFlash chain of ``stride`` rows per request, go to SGLang's
-        own `compute_spec_logprobs` (temperature, top logprobs, token-id logprobs).
-        """
-        vocab = logits.shape[-1]
-        rows = _emitted_rows(commit)
-        logits_output.next_token_logits = logits.gather(1, rows[:, :, None].expand(-1, -1, vocab)).reshape(-1, vocab)
-        compute_spec_logprobs(batch, logits_output, commit.out_tokens.reshape(-1), chain_stride=rows.shape[1])
-
-    @staticmethod
-    def _sampling_mask_output(info: Any, logits: torch.Tensor, commit: Any) -> SamplingMaskOutput:
-        """``return_sampling_mask``: per emitted token of each request that asked, the support the
-        target drew it from (`emitted_support`), in the layout SGLang's result processor reads
-        (one row of ``stride`` tokens per request, ``num_accept_tokens`` of them real)."""
-        selected = info.sampling_mask_batch_indices.long()
-        rows = _emitted_rows(commit)[selected]  # [M, T]
-        tokens = commit.out_tokens[selected].long()
-        vocab = logits.shape[-1]
-        node_logits = logits[selected].gather(1, rows[:, :, None].expand(-1, -1, vocab))  # [M, T, V]
-        support, logprobs, lengths = emitted_support(node_logits, tokens, info, selected,
-                                                     max(info.sampling_mask_top_ks))
-        real = torch.arange(support.shape[-1], device=support.device) < lengths[:, :, None]
-        picked = (support == tokens[:, :, None]) & real
-        selected_logprobs = torch.where(picked, logprobs, -torch.inf).amax(-1)  # -inf: not in its support
-        capture = info.sampling_support_logprobs_capture_indices
-        return SamplingMaskOutput(
-            token_ids=support, lengths=lengths, selected_logprobs=selected_logprobs,
-            support_logprobs=None if capture is None else logprobs.index_select(0, capture.long()),
-            statuses=torch.where(torch.isfinite(selected_logprobs), int(SamplingMaskStatus.OK),
-                                 int(SamplingMaskStatus.INVALID)).to(torch.int8),
-            num_accept_tokens=commit.commit_lens[selected].to(torch.int32),
-        )
-
-    @staticmethod
-    def _emitted_hidden_states(logits_output: Any, commit: Any, bs: int, width: int) -> torch.Tensor | None:
-        """``return_hidden_states``: the target's last hidden state behind each emitted token.
-
-        As a plain server returns it (after the final norm, before the LM head): emitted
-        token ``j`` is the target's pick after path node ``j``, so its row is that node's.
-        ``[bs * stride, H]``, laid out in rows of ``stride`` per request (the scheduler reads
-        the first ``accept_len``). The target's logits processor keeps them beside the
-        drafter's aux features (``last_hidden_states``, switched on in ``__init__``).
-        """
-        last = logits_output.last_hidden_states
-        if last is None:
-            return None
-        rows = _emitted_rows(commit)
-        last = last.view(bs, width, -1)
-        return last.gather(1, rows[:, :, None].expand(-1, -1, last.shape[-1])).reshape(rows.numel(), -1)
-
-    @staticmethod
-    def _prefill_hidden_states(batch: Any, logits_output: Any) -> torch.Tensor | None:
-        """``return_hidden_states`` in a prefill: the prompt's last hidden states, as the scheduler
-        will read them (every extended position, or each request's last under ``"last"`` capture)."""
-        last = logits_output.last_hidden_states
-        if last is None:
-            return None
-        mode = get_required_capture_hidden_mode(
-            max(batch.return_hidden_states_mode, get_server_return_hidden_states_mode()), batch.spec_info)
-        if mode.is_last():
-            ends = torch.tensor(batch.extend_lens, dtype=torch.long, device=last.device).cumsum(0) - 1
-            return last[ends]
-        return last
 
     def _round_node_budget(self, bs: int) -> int:
         """Tree nodes each of ``bs`` requests may verify this round: ``node_budget``, or what the
@@ -420,16 +398,17 @@ class ReAnchorWorker(DFlashWorkerV2):
         return profile.batch_budget(self.reanchor.offsets, self.reanchor.max_depth,
                                     candidates=tuple(b for b in (2, 4, 8, 16, 32) if b < top) + (top,))
 
-    def _draft(self, batch: Any, drafted: torch.Tensor, prefix: torch.Tensor, seq_lens_cpu: torch.Tensor,
-               anchors: DraftAnchors, suffix: SuffixBatch) -> tuple[torch.Tensor, DraftAnchors, torch.Tensor | None]:
-        """One drafter forward over the 1 + R blocks of every request with ``drafted`` (``[bs]`` bool, host;
-        ``seq_lens_cpu``: ``prefix`` on the host).
+    def _draft(self, batch: Any, rnd: _Round,
+               anchors: DraftAnchors) -> tuple[torch.Tensor, DraftAnchors, torch.Tensor | None]:
+        """One drafter forward over the 1 + R blocks of every request with room to draft
+        (``rnd.room.drafted``, ``[bs]`` bool on the host).
 
         Returns ``blocks [bs, 1+R, 1+n]`` long, ``n`` drafts per block (``B - 1``, or ``max_depth``:
         deeper nodes are never verified), the anchors with ``row_valid`` False for a request not
         drafted (its blocks are ``[anchor, MASK...]`` and its tree is cut to the root), and with
         branching the baseline block's logits at its slots ``1 .. n`` (``[bs, n, V']``; else None).
         """
+        drafted, prefix, seq_lens_cpu, suffix = rnd.room.drafted, rnd.prefix, rnd.seq_lens_cpu, rnd.suffix
         if bool(drafted.all()):
             blocks, logits = self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu,
                                               anchors, suffix)
@@ -581,23 +560,6 @@ class ReAnchorWorker(DFlashWorkerV2):
             raise ValueError("REANCHOR draft_vocab needs --tp-size 1 (the LM head is split across ranks at TP > 1)")
         return load_draft_vocab(server_args.speculative_draft_model_path, k).to(self.device)
 
-    def _trace(self, batch: Any, tree: DraftTree, acc: Acceptance, suffix_lens: torch.Tensor) -> None:
-        """Append one JSON line per request: this round's tree and acceptance."""
-        path_rows = tree.source_row.gather(1, acc.accepted_nodes.clamp(min=0))
-        on_path = acc.accepted_nodes >= 0
-        with open(self._trace_path, "a") as f:
-            for b, req in enumerate(batch.reqs):
-                f.write(json.dumps({
-                    "rid": req.rid,
-                    "batch": len(batch.reqs),
-                    "seq_len": int(batch.seq_lens[b]),
-                    "tau": int(acc.accept_lengths[b]),
-                    "nodes": int(tree.num_nodes[b]),
-                    "rows_attached": int((tree.row_sites[b] >= 0).sum()),
-                    "shifted_accepts": int(((path_rows[b] > 0) & on_path[b]).sum()),
-                    "suffix_len": int(suffix_lens[b]),
-                }) + "\n")
-
     def _accept(self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor,
                 sampling_info: Any) -> Acceptance:
         """Accept with the target's pick at every node: argmax, or a draw from its distribution.
@@ -616,12 +578,3 @@ class ReAnchorWorker(DFlashWorkerV2):
         picks = self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, picks)
         return self.core.accept(tree, picks, top1)
 
-
-def _emitted_rows(commit: Any) -> torch.Tensor:
-    """``[bs, stride]`` long: the tree node behind each emitted token (its path node), in the
-    scheduler's rows of ``stride`` per request; 0 past the path (rows the scheduler never reads)."""
-    bs, stride = commit.out_tokens.shape
-    depth = min(stride, commit.path_nodes.shape[1])
-    rows = torch.zeros(bs, stride, dtype=torch.long, device=commit.path_nodes.device)
-    rows[:, :depth] = commit.path_nodes[:, :depth]
-    return rows
