@@ -182,3 +182,22 @@ def char_tokenizer(vocab_size: int = 64):
                                   unk_token="<pad>", mask_token="<mask>")
     out.chat_template = CHAT_TEMPLATE
     return out
+
+
+def random_sequences(target: torch.nn.Module, n: int = 6, seed: int = 0, dtype: torch.dtype | None = None):
+    """``n`` random prompt + response sequences with ``target``'s real features (layers 1, 2), as
+    the training data folders hold them (`train.data.Sequences`); features cast to ``dtype``."""
+    from sglang_reanchor.train.data import Sequences, target_features
+
+    g = torch.Generator().manual_seed(seed)
+    seqs, plens = [], []
+    for _ in range(n):
+        p = int(torch.randint(3, 8, (1,), generator=g))
+        t = int(torch.randint(p + 4, p + 30, (1,), generator=g))
+        seqs.append(torch.randint(3, 32, (t,), generator=g).tolist())
+        plens.append(p)
+    feats = [f if dtype is None else f.to(dtype) for f in target_features(target, seqs, (1, 2), PAD_ID)]
+    lens = torch.tensor([len(s) for s in seqs])
+    return Sequences(torch.tensor([x for s in seqs for x in s]),
+                     torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+                     torch.tensor(plens), torch.cat(feats))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import EOS_ID, PAD_ID, tiny_drafter, tiny_target
+from factories import EOS_ID, PAD_ID, random_sequences, tiny_drafter, tiny_target
 
 from sglang_reanchor.drafter import DFlashDrafter
 from sglang_reanchor.train.data import Sequences, generate_responses, target_features
@@ -30,18 +30,7 @@ B = 8
 
 def _data(target: torch.nn.Module, n: int = 6, seed: int = 0) -> Sequences:
     """``n`` random prompt + response sequences with the target's real features."""
-    g = torch.Generator().manual_seed(seed)
-    seqs, plens = [], []
-    for _ in range(n):
-        p = int(torch.randint(3, 8, (1,), generator=g))
-        t = int(torch.randint(p + 4, p + 30, (1,), generator=g))
-        seqs.append(torch.randint(3, 32, (t,), generator=g).tolist())
-        plens.append(p)
-    feats = target_features(target, seqs, (1, 2), PAD_ID)
-    lens = torch.tensor([len(s) for s in seqs])
-    return Sequences(torch.tensor([x for s in seqs for x in s]),
-                     torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-                     torch.tensor(plens), torch.cat(feats))
+    return random_sequences(target, n, seed)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from factories import PAD_ID, tiny_drafter, tiny_target
+from factories import random_sequences, tiny_drafter, tiny_target
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +22,7 @@ from sglang_reanchor.train.acceptance import (
     draft_blocks,
     teacher_forced_acceptance,
 )
-from sglang_reanchor.train.data import Sequences, target_features
+from sglang_reanchor.train.data import Sequences
 from sglang_reanchor.train.loss import IGNORE, block_labels, dflash_loss, sample_anchors, vocab_rows
 from sglang_reanchor.train.sampler import GroupSampler
 from sglang_reanchor.train.selection import prompt_group, select_prompts, sequence_weights, truncate_responses
@@ -37,18 +37,7 @@ def target() -> torch.nn.Module:
 
 
 def _data(target: torch.nn.Module, n: int = 6, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Sequences:
-    g = torch.Generator().manual_seed(seed)
-    seqs, plens = [], []
-    for _ in range(n):
-        p = int(torch.randint(3, 8, (1,), generator=g))
-        t = int(torch.randint(p + 4, p + 30, (1,), generator=g))
-        seqs.append(torch.randint(3, 32, (t,), generator=g).tolist())
-        plens.append(p)
-    feats = [f.to(dtype) for f in target_features(target, seqs, (1, 2), PAD_ID)]
-    lens = torch.tensor([len(s) for s in seqs])
-    return Sequences(torch.tensor([x for s in seqs for x in s]),
-                     torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]), torch.tensor(plens),
-                     torch.cat(feats))
+    return random_sequences(target, n, seed, dtype)
 
 
 @settings(max_examples=60, deadline=None)
