@@ -420,3 +420,29 @@ def test_a_divergence_from_plain_decoding_is_explained_by_the_logit_gap_there(pa
     assert want > 0  # plain decoding's token is the argmax there
     per = metrics.identity_report(recs)["float64"]["methods"]["dflash"]
     assert per["largest_gap_float32"] == pytest.approx(abs(want), rel=1e-4)
+
+
+def test_budget_table_ends_at_the_runs_own_tau(pair):
+    """tau at the run's own budget (and depth cap) is the tau the run measured; smaller budgets
+    never accept more; budgets past the run's are not claimed."""
+    from sglang_reanchor.bench.report import budget_table
+    from sglang_reanchor.bench.runner import CAPPED_BUDGETS
+
+    target, drafter = pair
+    specs = parse_methods(["dflash:max_depth=3", "reanchor:policy=offset,offsets=1/2,max_depth=3,node_budget=6",
+                           "reanchor:offsets=,max_depth=3,node_budget=8,branch_width=1,branch_rows=2"])
+    runner = Runner(target, drafter, specs, ReAnchorConfig(), _codec, lambda ids: "x" * len(ids),
+                    BenchSettings(max_new_tokens=16))
+    records = runner.run([Sample("one", "a", ("hi",)), Sample("one", "b", ("hello there",))])
+    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:]
+            for line in budget_table(records).splitlines()[2:]}
+    assert set(rows) == {s.label for s in specs}
+    for spec in specs:
+        recs = [r for r in records if r.method == spec.label]
+        measured = sum(sum(r.taus) for r in recs) / sum(r.rounds for r in recs)
+        own = spec.config(ReAnchorConfig())
+        budget = own.max_depth + 1 if spec.method == "dflash" else own.node_budget
+        cells = rows[spec.label]
+        assert float(cells[CAPPED_BUDGETS.index(budget)]) == pytest.approx(measured, abs=0.005)
+        values = [float(c) for c in cells if c != "–"]
+        assert values == sorted(values) and len(values) == sum(b <= budget for b in CAPPED_BUDGETS)

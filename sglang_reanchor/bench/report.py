@@ -12,6 +12,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from ..config import ReAnchorConfig
 from . import analysis
 from .methods import ABLATIONS, MAIN_METHODS
 from .metrics import Record, baseline_method, identity_report, merge_counts, summarize
@@ -150,6 +151,30 @@ def identity_markdown(records: list[Record]) -> str:
             ["precision", "method", "against", "identical responses", "token share (%)", "largest gap (fp32)"], per)
 
 
+def budget_table(records: list[Record]) -> str:
+    """tau against node budget, from traced runs: each method's rounds cut to the first ``b``
+    nodes (parents first) at the method's own depth cap (`analysis.capped_taus`), so one run at
+    budget ``B`` answers every ``b <= B``; "–" past the first column that covers the run's budget. Empty when no
+    run was traced or none has a depth cap the trace covers."""
+    from .methods import MethodSpec
+    from .runner import CAPPED_BUDGETS, DEPTHS
+
+    rows = []
+    for m in _methods(records):
+        spec = MethodSpec.parse(m)
+        recs = [r for r in records if r.method == m and r.stats.get("capped_tau")]
+        depth = spec.config(ReAnchorConfig()).max_depth
+        if spec.method == "target" or not recs or depth not in DEPTHS:
+            continue
+        run_budget = depth + 1 if spec.method == "dflash" else spec.config(ReAnchorConfig()).node_budget
+        n = sum(r.rounds for r in recs)
+        last = min((b for b in CAPPED_BUDGETS if b >= run_budget), default=CAPPED_BUDGETS[-1])
+        cells = [_fmt(sum(r.stats["capped_tau"][f"{b}@{depth}"] for r in recs) / n) if b <= last else "–"
+                 for b in CAPPED_BUDGETS]
+        rows.append([m, *cells])
+    return _table(["method (tau at budget b)", *map(str, CAPPED_BUDGETS)], rows) if rows else ""
+
+
 def markdown_report(records: list[Record], meta: dict) -> str:
     summary = summarize(records)
     methods = _methods(records)
@@ -169,6 +194,12 @@ def markdown_report(records: list[Record], meta: dict) -> str:
                   "(reanchor)|longest_prefix`; Table 7: `policy=offset` (fixed offset) vs `reanchor` (earliest)."
                   + ("" if names <= set(methods) else " (Only the variants run are listed.)") + "\n",
                   ablation_table(summary, main), ""]
+    budgets = budget_table(records)
+    if budgets:
+        parts += ["## tau against node budget (traced runs)\n",
+                  "Each round cut to its first b nodes (parents first) at the method's depth cap: what a "
+                  "smaller budget would have accepted with the same drafts. tau here is per round over all "
+                  "rounds (the headline table averages per response first).\n", budgets, ""]
     parts += ["## Analysis\n", _analysis_markdown(analysis_tables(records))]
     if meta.get("command"):
         parts += ["## Command\n", f"```\n{meta['command']}\n```\n"]

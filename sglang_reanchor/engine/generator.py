@@ -42,6 +42,7 @@ from ..round import CommitPlan, RoundCore
 from ..suffix import SuffixStore
 from ..tree import DraftTree
 from ..verify import Acceptance
+from .defaults import DeviceChoice, device_config, fitting_candidates, pair_fingerprint
 from .proposers import ChainProposer, Draft, Drafting, Proposer, ReAnchorProposer
 from .target import TargetModel
 
@@ -158,6 +159,7 @@ class SpeculativeGenerator:
         drafter.validate_target(target.config)
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
         self.config = config or ReAnchorConfig()
+        self.config_choice = DeviceChoice(self.config, "given")  # from_pretrained(config=None) sets where from
         if self.config.draft_vocab is not None:
             if draft_vocab is not None:
                 raise ValueError("pass draft_vocab= or ReAnchorConfig.draft_vocab, not both")
@@ -212,8 +214,14 @@ class SpeculativeGenerator:
         ``dtype="auto"`` runs both in bfloat16 on CUDA and on CPUs with AMX / AVX-512
         BF16, else in float32 (`sglang_reanchor.precision`); None keeps the target
         folder's stored dtype.
+
+        With no ``config`` the settings are chosen for the device (`engine.defaults`): the
+        paper's (``ReAnchorConfig()``) on a GPU; on a CPU the fastest of a few small trees
+        on this machine (shipped with the drafter, cached, or measured once, about half a
+        minute). ``.config_choice`` says which and where it came from; pass
+        ``config=ReAnchorConfig()`` for the paper's settings anywhere.
         """
-        from ..hub import default_drafter, load_target
+        from ..hub import default_drafter, load_target, shipped_drafter_path
         from ..precision import parse_dtype
 
         if dtype is not None:
@@ -223,9 +231,20 @@ class SpeculativeGenerator:
             if target is not None:
                 raise ValueError("drafter=None is only allowed with the default target; pass a drafter folder")
             draft = default_drafter(model, device=model.device, dtype=model.dtype)
+            folder: Path | None = shipped_drafter_path()
         else:
             draft = DFlashDrafter.from_pretrained(drafter, device=model.device, dtype=model.dtype)
-        return cls(model, draft, config=config, tokenizer=tokenizer)
+            folder = Path(drafter)
+        choice = DeviceChoice(config, "given") if config is not None else device_config(
+            lambda c: cls(model, draft, config=c, tokenizer=tokenizer), model.device, model.dtype, folder,
+            pair_fingerprint(model, draft), tokenizer, candidates=fitting_candidates(draft))
+        gen = cls(model, draft, config=choice.config, tokenizer=tokenizer)
+        gen.config_choice = choice
+        return gen
+
+    def with_config(self, config: ReAnchorConfig) -> SpeculativeGenerator:
+        """A generator over the same target and drafter (no copy) with other settings."""
+        return type(self)(self.target.model, self.drafter, config=config, tokenizer=self.tokenizer)
 
     # ---- public API ---------------------------------------------------------------
 

@@ -143,7 +143,7 @@ def handle_server_args(server_args: Any) -> None:
     - ``speculative_num_draft_tokens`` = the per-step reservation that covers the
       multi-anchor draft window and the tree (`serving_widths`);
     - the draft attention backend: the target's, else flashinfer on CUDA and
-      triton elsewhere; ``max_running_requests`` 48 unless set.
+      ``reanchor_sdpa`` (`cpu_attention`) elsewhere; ``max_running_requests`` 48 unless set.
     """
     validate_server_args(server_args)
     cfg = resolving_view(server_args)

@@ -1,0 +1,72 @@
+"""Measure the CPU defaults of the shipped pair on this machine and record them in the drafter folder.
+
+    python scripts/ship_device_defaults.py --dtype auto
+    python scripts/ship_device_defaults.py --dtype float32
+
+Runs the same measurement a new machine runs on first use (`sglang_reanchor.engine.defaults`:
+plain decoding and each CPU candidate on two built-in prompts), three times, and writes the
+candidate that won most often (ties: the higher median tokens/s) with its median tokens/s and
+plain decoding's into ``sglang_reanchor/assets/smollm2-135m-dflash-b16/device_defaults.json``,
+under this machine's key (CPU model, bfloat16 flags, torch threads, dtype); an entry with the
+same key is replaced. The entry records plain decoding's speed beside the winner's, so that a
+machine where no candidate beats plain decoding says so (the demo prints both). Run it with
+nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter
+from dataclasses import asdict
+
+import torch
+
+from sglang_reanchor import ReAnchorConfig, SpeculativeGenerator
+from sglang_reanchor.engine.defaults import (
+    MEASURE_PROMPTS,
+    SHIPPED_FILE,
+    _chat_ids,
+    fitting_candidates,
+    machine_key,
+    measure_candidates,
+)
+from sglang_reanchor.hub import shipped_drafter_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    gen = SpeculativeGenerator.from_pretrained(config=ReAnchorConfig(), dtype=args.dtype)
+    model, drafter = gen.target.model, gen.drafter
+    candidates = fitting_candidates(drafter)
+    prompts = [_chat_ids(gen.tokenizer, p) for p in MEASURE_PROMPTS]
+    runs = [measure_candidates(lambda c: SpeculativeGenerator(model, drafter, config=c), prompts, candidates)
+            for _ in range(args.repeats)]
+    for r in runs:
+        print(f"{r.tokens_per_s:.1f} tok/s (plain {r.plain_tokens_per_s:.1f}): {r.config}")
+    wins = Counter(r.config for r in runs)
+    best = max(wins, key=lambda c: (wins[c], statistics.median(r.tokens_per_s for r in runs if r.config == c)))
+    speed = statistics.median(r.tokens_per_s for r in runs if r.config == best)
+    plain = statistics.median(r.plain_tokens_per_s for r in runs)
+    if speed <= plain:
+        print(f"note: no candidate beats plain decoding here ({speed:.1f} <= {plain:.1f} tok/s)")
+    key = machine_key(model.device, model.dtype)
+    path = shipped_drafter_path() / SHIPPED_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {"entries": []}
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(best).items()}
+    entry = {"key": key, "config": config, "tokens_per_s": round(speed, 2), "plain_tokens_per_s": round(plain, 2),
+             "wins": f"{wins[best]}/{len(runs)}", "command": " ".join(["python", *sys.argv])}
+    data["entries"] = [e for e in data["entries"] if e["key"] != key] + [entry]
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {path}: {entry}")
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    raise SystemExit(main())

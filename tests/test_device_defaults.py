@@ -1,0 +1,125 @@
+"""Device defaults (`sglang_reanchor.engine.defaults`): the paper's settings off CPU; on a CPU a
+candidate measured here, shipped or cached, always one that fits the drafter."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from factories import tiny_drafter, tiny_target
+from sglang_reanchor import ReAnchorConfig, SpeculativeGenerator
+from sglang_reanchor.engine.defaults import (
+    CPU_CANDIDATES,
+    PAPER_CONFIG,
+    SHIPPED_FILE,
+    device_config,
+    fitting_candidates,
+    machine_key,
+    measure_candidates,
+    pair_fingerprint,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_target("llama", vocab_size=48, seed=3)
+    drafter = tiny_drafter(target, block_size=8, seed=3)
+    drafter.vocab_ranking = torch.randperm(48, generator=torch.Generator().manual_seed(0))
+    return target, drafter
+
+
+def small_candidates(drafter) -> tuple[ReAnchorConfig, ...]:
+    return fitting_candidates(drafter, [c.replace(draft_vocab=16) for c in CPU_CANDIDATES])
+
+
+def builder(pair):
+    target, drafter = pair
+    return lambda config: SpeculativeGenerator(target, drafter, config=config)
+
+
+class _PromptTokenizer:
+    """Chat template stand-in for the measurement prompts: a few in-vocabulary ids per prompt."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, return_dict):
+        text = messages[0]["content"]
+        return {"input_ids": [3 + (ord(ch) % 40) for ch in text[:12]]}
+
+
+def test_off_cpu_the_papers_settings(pair, tmp_path):
+    choice = device_config(builder(pair), torch.device("cuda"), torch.bfloat16, None, "x", None, cache_dir=tmp_path)
+    assert choice.config == PAPER_CONFIG == ReAnchorConfig() and choice.source == "paper"
+    assert not list(tmp_path.iterdir())
+
+
+def test_candidates_fit_the_drafter(pair):
+    target, drafter = pair
+    plain = tiny_drafter(target, block_size=4, seed=4)  # no draft vocabulary, a 4-token block
+    fitted = fitting_candidates(plain)
+    assert fitted and all(c.draft_vocab is None and c.max_depth <= 3 and max(c.offsets) < 4 for c in fitted)
+    for config in fitted:  # each one builds a generator over that drafter
+        SpeculativeGenerator(target, plain, config=config)
+    assert all(c.draft_vocab == 16 for c in small_candidates(drafter))
+
+
+def test_measured_choice_is_a_candidate_and_lossless(pair):
+    target, drafter = pair
+    candidates = small_candidates(drafter)
+    prompts = [[5, 9, 11, 3], [7, 7, 20, 4, 8]]
+    choice = measure_candidates(builder(pair), prompts, candidates, max_new_tokens=12)
+    assert choice.config in candidates and choice.source == "measured"
+    assert choice.tokens_per_s > 0 and choice.plain_tokens_per_s > 0
+    gen = SpeculativeGenerator(target, drafter, config=choice.config)
+    for ids in prompts:
+        assert gen.generate(ids, 16).tokens == gen.generate(ids, 16, method="target").tokens
+
+
+def test_measured_once_then_cached_per_machine_and_pair(pair, tmp_path):
+    _, drafter = pair
+    candidates = small_candidates(drafter)
+    pair_id = pair_fingerprint(*pair)
+    first = device_config(builder(pair), CPU, torch.float64, None, pair_id, _PromptTokenizer(), cache_dir=tmp_path,
+                          candidates=candidates, progress=None)
+    files = list(tmp_path.iterdir())
+    assert first.source == "measured" and len(files) == 1
+    saved = json.loads(files[0].read_text())
+    assert saved["key"] == machine_key(CPU, torch.float64) and saved["pair"] == pair_id
+    again = device_config(builder(pair), CPU, torch.float64, None, pair_id, _PromptTokenizer(), cache_dir=tmp_path,
+                          candidates=candidates, progress=None)
+    assert again.source == "cached" and again.config == first.config
+    # another pair (or dtype) is another key: measured again, in its own file
+    other = device_config(builder(pair), CPU, torch.float64, None, pair_id + "-other", _PromptTokenizer(),
+                          cache_dir=tmp_path, candidates=candidates, progress=None)
+    assert other.source == "measured" and len(list(tmp_path.iterdir())) == 2
+
+
+def test_shipped_choice_for_the_same_cpu_kind_only(pair, tmp_path):
+    _, drafter = pair
+    chosen = small_candidates(drafter)[1]
+    entry = {"key": machine_key(CPU, torch.float64), "config": {**asdict(chosen), "offsets": list(chosen.offsets)},
+             "tokens_per_s": 30.0, "plain_tokens_per_s": 20.0}
+    other = {**entry, "key": {**entry["key"], "cpu": "some other CPU"}, "config": {"offsets": [1], "node_budget": 2}}
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [other, entry]}))
+    cache = tmp_path / "cache"
+    choice = device_config(builder(pair), CPU, torch.float64, tmp_path, "p", None, cache_dir=cache, progress=None)
+    assert choice.source == "shipped" and choice.config == chosen and choice.tokens_per_s == 30.0
+    # a float32 run on this CPU has no shipped entry; without a tokenizer nothing is measured
+    fallback = device_config(builder(pair), CPU, torch.float32, tmp_path, "p", None, cache_dir=cache,
+                             candidates=small_candidates(drafter), progress=None)
+    assert fallback.source == "default" and fallback.config == small_candidates(drafter)[0]
+
+
+def test_shipped_entries_are_valid_configs():
+    from sglang_reanchor.hub import shipped_drafter_path
+
+    folder = shipped_drafter_path()
+    if folder is None or not (folder / SHIPPED_FILE).is_file():
+        pytest.skip("no shipped device defaults in this build")
+    for entry in json.loads((folder / SHIPPED_FILE).read_text())["entries"]:
+        assert set(entry["key"]) == {"device", "cpu", "bf16_flags", "threads", "dtype"}
+        config = ReAnchorConfig(**{**entry["config"], "offsets": tuple(entry["config"]["offsets"])})
+        assert config.offsets and config.max_depth and entry["tokens_per_s"] > 0 and entry["plain_tokens_per_s"] > 0
