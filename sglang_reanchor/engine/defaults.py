@@ -9,8 +9,8 @@ a few small trees (`CPU_CANDIDATES`) the one that is fastest *on this machine*:
 1. a choice shipped with the drafter (``device_defaults.json`` in its folder), when one was
    measured on a CPU of the same kind (model name, bfloat16 flags, torch threads, dtype);
 2. else one cached by an earlier measurement here (``$SGLANG_REANCHOR_CACHE/device_defaults/``);
-3. else it measures: each candidate decodes two short built-in prompts once (about half a
-   minute for the SmolLM2 pair), the fastest is cached under a key of the machine, the pair and
+3. else it measures: each candidate decodes two short built-in prompts once (under a
+   minute for the SmolLM2 pair on a 2-core AVX2 CPU), the fastest is cached under a key of the machine, the pair and
    the dtype, and later calls read it.
 
 Every candidate is lossless, so the choice changes speed only, never tokens. Elsewhere (CUDA)

@@ -217,8 +217,8 @@ class SpeculativeGenerator:
 
         With no ``config`` the settings are chosen for the device (`engine.defaults`): the
         paper's (``ReAnchorConfig()``) on a GPU; on a CPU the fastest of a few small trees
-        on this machine (shipped with the drafter, cached, or measured once, about half a
-        minute). ``.config_choice`` says which and where it came from; pass
+        on this machine (shipped with the drafter, cached, or measured once, under a
+        minute on a 2-core CPU). ``.config_choice`` says which and where it came from; pass
         ``config=ReAnchorConfig()`` for the paper's settings anywhere.
         """
         from ..hub import default_drafter, load_target, shipped_drafter_path
