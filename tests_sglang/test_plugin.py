@@ -21,7 +21,10 @@ RESOLVE = """
     keys = ["speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
             "speculative_num_draft_tokens", "disable_overlap_schedule", "disable_cuda_graph",
             "attention_backend", "speculative_draft_attention_backend", "max_running_requests"]
-    print("RESULT" + json.dumps({{k: getattr(v, k) for k in keys}}))
+    import os
+    out = {{k: getattr(v, k) for k in keys}}
+    out["env_config"] = os.environ.get("SGLANG_REANCHOR_CONFIG")  # what spawned schedulers would read
+    print("RESULT" + json.dumps(out))
 """
 
 
@@ -73,8 +76,47 @@ def test_server_args_resolve_with_nothing_else(tiny_dirs):
         "speculative_algorithm": "REANCHOR", "speculative_num_steps": 1, "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 48, "disable_overlap_schedule": True, "disable_cuda_graph": True,
         "attention_backend": "reanchor_sdpa", "speculative_draft_attention_backend": "reanchor_sdpa",
-        "max_running_requests": 48,
+        "max_running_requests": 48, "env_config": None,
     }
+    assert "no CPU defaults ship with this drafter" in out.stderr  # the paper's tree on a CPU is said to be slow
+
+
+def _with_shipped_defaults(tmp_path, drafter, config: dict, dtype: str = "float32"):
+    """A copy of ``drafter`` whose device_defaults.json holds ``config`` for this machine and ``dtype``."""
+    import shutil
+
+    import torch
+
+    from sglang_reanchor.engine.defaults import machine_key
+
+    folder = tmp_path / "drafter"
+    shutil.copytree(drafter, folder)
+    key = machine_key(torch.device("cpu"), getattr(torch, dtype))
+    entry = {"key": key, "config": config, "tokens_per_s": 9.7, "plain_tokens_per_s": 9.5}
+    (folder / "device_defaults.json").write_text(json.dumps({"entries": [entry]}))
+    return folder
+
+
+def test_cpu_server_takes_the_drafter_folders_defaults_for_this_machine(tiny_dirs, tmp_path):
+    target, drafter = tiny_dirs
+    shipped = {"offsets": [1], "policy": "offset", "node_budget": 6, "max_depth": 3, "draft_vocab": 8}
+    folder = _with_shipped_defaults(tmp_path, drafter, shipped)
+    dirs = (target, folder)
+    got, out = resolve(dirs, "--dtype", "float32")
+    assert got is not None, out.stderr[-4000:]
+    assert got["speculative_num_draft_tokens"] == 1 + 2 * 8  # the window of offsets (1,): 1 + 2 rows x 8
+    served = json.loads(got["env_config"])  # written for the scheduler processes
+    assert {k: served[k] for k in shipped} == {**shipped}
+    assert "defaults for this CPU" in out.stderr
+    # another dtype is another machine kind: the paper's configuration, said so
+    got, out = resolve(dirs, "--dtype", "bfloat16")
+    assert got is not None and got["speculative_num_draft_tokens"] == 48 and got["env_config"] is None
+    # TP 2 serves no draft vocabulary: the shipped tree without it
+    got, out = resolve(dirs, "--dtype", "float32", "--tp-size", "2")
+    assert got is not None and json.loads(got["env_config"])["draft_vocab"] is None, out.stderr[-4000:]
+    # the environment wins over anything shipped
+    got, out = resolve(dirs, "--dtype", "float32", env={"SGLANG_REANCHOR_CONFIG": '{"node_budget": 64}'})
+    assert got is not None and got["speculative_num_draft_tokens"] == 64
 
 
 def test_config_from_env_sets_the_reservation(tiny_dirs):

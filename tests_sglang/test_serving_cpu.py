@@ -237,3 +237,31 @@ def test_a_dspark_drafter_is_refused_at_launch_with_the_reason(pair, tmp_path):
     args = ServerArgs(model_path=str(root / "target"), speculative_draft_model_path=str(folder), device="cpu")
     with pytest.raises(ValueError, match="is a DSpark drafter: SGLang serves it with its own DSPARK worker"):
         validate_server_args(args)
+
+
+def test_a_cpu_server_without_settings_serves_the_drafter_folders_choice(pair, tmp_path):
+    """No ``$SGLANG_REANCHOR_CONFIG``; the drafter folder ships a choice for this CPU kind and
+    float32 (`settings.served_config`): the launcher resolves it and the scheduler it spawns
+    serves it, with the reference engine's rounds for that config."""
+    import shutil
+
+    from sglang_reanchor.engine.defaults import machine_key
+
+    root, target, drafter = pair
+    here = tmp_path / "pair"
+    here.mkdir()
+    (here / "target").symlink_to(root / "target")
+    shutil.copytree(root / "drafter", here / "drafter")
+    shipped = {"policy": "offset", "offsets": [1], "node_budget": 6, "max_depth": 3, "draft_vocab": 32}
+    entry = {"key": machine_key(torch.device("cpu"), torch.float32), "config": shipped}
+    (here / "drafter" / "device_defaults.json").write_text(json.dumps({"entries": [entry]}))
+    trace = tmp_path / "trace.jsonl"
+    got = serve(here, "REANCHOR", ROUNDS[:1], None, trace)
+    reference = SpeculativeGenerator(target, drafter, config=parse_config(json.dumps(shipped)))
+    taus = trace_taus(trace)
+    for rid, (prompt, n) in PROMPTS.items():
+        ref = reference.generate(prompt, n, method="reanchor")
+        assert got[rid]["output_ids"] == ref.tokens, rid
+        assert taus[rid] == ref.acceptance_lengths, rid
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert max(r["nodes"] for r in rows) <= 6  # the shipped budget, not the paper's 48

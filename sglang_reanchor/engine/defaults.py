@@ -41,7 +41,7 @@ from ..config import ReAnchorConfig
 from ..precision import cpu_bf16_flags
 
 __all__ = ["CPU_CANDIDATES", "PAPER_CONFIG", "DeviceChoice", "device_config", "fitting_candidates", "machine_key",
-           "measure_candidates", "pair_fingerprint"]
+           "measure_candidates", "pair_fingerprint", "shipped_choice"]
 
 PAPER_CONFIG = ReAnchorConfig()
 # Small trees for a CPU, from the cost model (`sglang_reanchor.bench.cost`): the fixed-offset rule
@@ -93,7 +93,7 @@ def device_config(generator_for: Callable[[ReAnchorConfig], object], device: tor
     if device.type != "cpu":
         return DeviceChoice(PAPER_CONFIG, "paper")
     key = machine_key(device, dtype)
-    shipped = _shipped(drafter_folder, key)
+    shipped = shipped_choice(drafter_folder, key)
     if shipped is not None:
         return shipped
     path = (cache_dir or _cache_dir()) / f"{_digest({**key, 'pair': pair_id})}.json"
@@ -150,7 +150,8 @@ def fitting_candidates(drafter: torch.nn.Module, candidates: Sequence[ReAnchorCo
     return tuple(dict.fromkeys(out))
 
 
-def _shipped(folder: Path | None, key: dict[str, object]) -> DeviceChoice | None:
+def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice | None:
+    """The choice ``folder``'s ``device_defaults.json`` holds for a machine of ``key`` (`machine_key`), or None."""
     file = folder / SHIPPED_FILE if folder is not None else None
     if file is None or not file.is_file():
         return None

@@ -12,6 +12,13 @@ The value is a JSON object, or the path of a file holding one. Keys are the fiel
 of `ReAnchorConfig`; unset keys keep its defaults. An unknown key or a bad value
 raises `ValueError` naming the field.
 
+Unset, the server takes the defaults that pay on its device (`served_config`): on a
+GPU the paper's configuration (``ReAnchorConfig()``); on a CPU the choice the drafter
+folder ships for a CPU of this kind (``device_defaults.json``, the reference engine's
+`sglang_reanchor.engine.defaults`), else the paper's configuration too, saying so once.
+The launcher resolves it and writes it to ``$SGLANG_REANCHOR_CONFIG``, so the scheduler
+processes it spawns serve exactly what it reserved room for.
+
 Nothing here imports SGLang.
 """
 
@@ -19,13 +26,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..config import ReAnchorConfig
 from ..round import RoundCore
 
-__all__ = ["ENV_VAR", "ServingWidths", "load_config", "parse_config", "serving_widths"]
+__all__ = ["ENV_VAR", "ServedConfig", "ServingWidths", "config_json", "load_config", "parse_config", "served_config",
+           "serving_widths"]
 
 ENV_VAR = "SGLANG_REANCHOR_CONFIG"
 UNSERVED_FIELDS = ("draft_slots",)
@@ -66,10 +75,71 @@ def parse_config(text: str) -> ReAnchorConfig:
     return ReAnchorConfig(**raw)
 
 
-def load_config(environ: dict[str, str] | None = None) -> ReAnchorConfig:
+def load_config(environ: Mapping[str, str] | None = None) -> ReAnchorConfig:
     """The config in ``$SGLANG_REANCHOR_CONFIG`` (defaults when unset or empty)."""
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     return parse_config(value) if value.strip() else ReAnchorConfig()
+
+
+def config_json(config: ReAnchorConfig) -> str:
+    """``config`` as the JSON object `parse_config` reads back (the served fields only).
+
+    >>> parse_config(config_json(ReAnchorConfig(offsets=(1,), node_budget=6))) == ReAnchorConfig(offsets=(1,), node_budget=6)
+    True
+    """
+    raw = {f.name: getattr(config, f.name) for f in fields(ReAnchorConfig) if f.name not in UNSERVED_FIELDS}
+    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in raw.items()}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """The config a server runs and where it came from: ``"env"`` (``$SGLANG_REANCHOR_CONFIG``),
+    ``"paper"`` (a GPU), ``"shipped"`` (the drafter folder's entry for this CPU kind) or
+    ``"paper-cpu"`` (a CPU without one: the paper's, which is slow there); ``note`` says so in words."""
+
+    config: ReAnchorConfig
+    source: str
+    note: str
+
+
+def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: int = 1, full_vocab_only: bool = False,
+                  environ: Mapping[str, str] | None = None) -> ServedConfig:
+    """The config to serve (module docstring): ``$SGLANG_REANCHOR_CONFIG`` when set, else by device.
+
+    ``dtype``: what the target runs in (``"float32"``, ``"bfloat16"``, ...); ``drafter_folder``: a
+    local folder (a hub id ships nothing); ``tp_size`` > 1 or ``full_vocab_only`` (a Domino drafter)
+    drop the shipped choice's ``draft_vocab`` and branching, which those servers do not run.
+
+    >>> served_config("cuda", "bfloat16", None, environ={}).source
+    'paper'
+    >>> served_config("cpu", "float32", None, environ={"SGLANG_REANCHOR_CONFIG": '{"node_budget": 6}'}).config.node_budget
+    6
+    """
+    env = os.environ if environ is None else environ
+    if env.get(ENV_VAR, "").strip():
+        return ServedConfig(load_config(env), "env", f"{ENV_VAR} as set")
+    paper = ReAnchorConfig()
+    if not str(device).startswith("cpu"):
+        return ServedConfig(paper, "paper", "the paper's configuration (a GPU)")
+    import torch
+
+    from ..engine.defaults import machine_key, shipped_choice
+
+    folder = Path(drafter_folder) if drafter_folder and Path(drafter_folder).is_dir() else None
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    choice = (shipped_choice(folder, machine_key(torch.device("cpu"), dtypes[dtype]))
+              if folder is not None and dtype in dtypes else None)
+    if choice is None:
+        return ServedConfig(paper, "paper-cpu", (
+            f"no CPU defaults ship with this drafter for this CPU and dtype {dtype}: the paper's configuration, "
+            f"tuned for GPUs and slow on a CPU; write them with `python scripts/ship_device_defaults.py`, "
+            f"or set {ENV_VAR} (for example '{{\"offsets\": [1], \"node_budget\": 6, \"max_depth\": 3}}')"))
+    config = choice.config
+    if tp_size != 1 or full_vocab_only:
+        config = config.replace(draft_vocab=None, branch_width=0)
+    speed = (f" ({choice.tokens_per_s:g} tokens/s against {choice.plain_tokens_per_s:g} plain in the reference engine)"
+             if choice.tokens_per_s and choice.plain_tokens_per_s else "")
+    return ServedConfig(config, "shipped", f"the drafter folder's defaults for this CPU{speed}")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import torch
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from .settings import ENV_VAR, load_config, serving_widths
+from .settings import ENV_VAR, config_json, load_config, served_config, serving_widths
 
 __all__ = ["NAME", "ReAnchorSpecAlgo", "handle_server_args", "validate_server_args"]
 
@@ -118,20 +118,41 @@ def validate_server_args(server_args: Any) -> None:
     load_config()  # a bad SGLANG_REANCHOR_CONFIG fails at launch, naming the field
 
 
-def _is_dspark_folder(path: str) -> bool:
-    """Whether a local drafter folder holds a DSpark checkpoint (``Qwen3DSparkModel``); a hub id is left
-    to SGLang's loader."""
+def _folder_config(path: str | None) -> dict[str, Any]:
+    """A local folder's config.json (empty for a hub id or an unreadable file)."""
     import json
     from pathlib import Path
 
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
+    config = Path(path) / "config.json" if path else None
+    if config is None or not config.is_file():
+        return {}
     try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
+        raw = json.loads(config.read_text())
     except (OSError, ValueError):
-        return False
-    return any("DSpark" in str(a) for a in architectures)
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _is_domino_folder(path: str | None) -> bool:
+    dflash = _folder_config(path).get("dflash_config") or {}
+    return isinstance(dflash, dict) and dflash.get("projector_type") == "domino"
+
+
+def _target_dtype(cfg: Any) -> str:
+    """The target's dtype as SGLang will run it: ``--dtype``, or for ``auto`` the model's config."""
+    names = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
+             "bfloat16": "bfloat16"}
+    value = str(cfg.dtype or "auto")
+    if value == "auto":
+        raw = _folder_config(cfg.model_path)
+        value = str(raw.get("torch_dtype") or raw.get("dtype") or "auto")
+    return names.get(value, value)
+
+
+def _is_dspark_folder(path: str) -> bool:
+    """Whether a local drafter folder holds a DSpark checkpoint (``Qwen3DSparkModel``); a hub id is left
+    to SGLang's loader."""
+    return any("DSpark" in str(a) for a in _folder_config(path).get("architectures") or [])
 
 
 def handle_server_args(server_args: Any) -> None:
@@ -143,11 +164,18 @@ def handle_server_args(server_args: Any) -> None:
     - ``speculative_num_draft_tokens`` = the per-step reservation that covers the
       multi-anchor draft window and the tree (`serving_widths`);
     - the draft attention backend: the target's, else flashinfer on CUDA and
-      ``reanchor_sdpa`` (`cpu_attention`) elsewhere; ``max_running_requests`` 48 unless set.
+      ``reanchor_sdpa`` (`cpu_attention`) elsewhere; ``max_running_requests`` 48 unless set;
+    - ``$SGLANG_REANCHOR_CONFIG``, when unset, to the defaults for the device (`settings.served_config`).
     """
     validate_server_args(server_args)
     cfg = resolving_view(server_args)
-    config = load_config()
+    served = served_config(str(cfg.device or "cuda"), _target_dtype(cfg), cfg.speculative_draft_model_path,
+                           tp_size=int(cfg.tp_size or 1), full_vocab_only=_is_domino_folder(cfg.speculative_draft_model_path))
+    config = served.config
+    if served.source == "shipped":  # the schedulers this process spawns read the same config (settings.py)
+        os.environ[ENV_VAR] = config_json(config)
+    log = logger.warning if served.source == "paper-cpu" else logger.info
+    log("REANCHOR settings: %s: %s", served.note, config)
     block = _draft_block_size(cfg)
     widths = serving_widths(config, block)
 

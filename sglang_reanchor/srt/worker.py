@@ -39,7 +39,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -144,6 +144,11 @@ class ReAnchorWorker(DFlashWorkerV2):
         self.reanchor = load_config()
         self._num_drafts = min(self.reanchor.max_depth or block - 1, block - 1)  # drafts read per block
         self.widths = serving_widths(self.reanchor, block)
+        reserved = int(get_spec().speculative_num_draft_tokens)  # what the launcher resolved (spec.py)
+        if reserved < self.widths.reserve_width:  # the launcher resolved another config (settings.py)
+            raise ValueError(f"REANCHOR: the launcher reserved {reserved} slots per step, this config needs "
+                             f"{self.widths.reserve_width} ({self.reanchor}); set $SGLANG_REANCHOR_CONFIG "
+                             "before launching, not in the scheduler's environment alone")
         self.speculative_num_draft_tokens = self.widths.reserve_width
         fc = self.draft_model.fc
         self._feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
