@@ -345,7 +345,8 @@ def full_mask(tail: Tensor, prefix_lens: Tensor, rows: Tensor | None = None,
         else:
             values = torch.ones(bs, q, padded, dtype=torch.bool, device=dev)
         width = p + k  # [bs]
-        start = torch.cumsum(q * width, 0) - q * width  # [bs]: each request's block
+        block = q * width
+        start = torch.cumsum(block, 0) - block  # [bs]: each request's block
         index = start[:, None, None] + torch.arange(q, device=dev)[None, :, None] * width[:, None, None] + col
         index = torch.where(col[None, None, :] < width[:, None, None], index, total)  # padding: a spare entry
         out = torch.empty(total + 1, dtype=torch.bool, device=dev)

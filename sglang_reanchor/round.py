@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .branching import branch_candidates
 from .config import ReAnchorConfig
+from .indices import arange
 from .suffix import SuffixBatch
 from .tree import DraftTree, build_draft_tree
 from .verify import Acceptance, accept_tree
@@ -73,7 +74,7 @@ def draft_anchors(bonus: Tensor, prefix_lens: Tensor, suffix: SuffixBatch, offse
         shifted = suffix.predictions[:, :0]
     tokens = torch.cat([bonus.long()[:, None], torch.where(row_valid, shifted, fill_token)], dim=1)
     positions = torch.cat([s[:, None], s[:, None] + offsets[None, :]], dim=1)
-    visible = torch.cat([torch.zeros_like(s)[:, None], torch.where(row_valid, offsets[None, :], 0)], dim=1)
+    visible = torch.nn.functional.pad(torch.where(row_valid, offsets[None, :], 0), (1, 0))
     return DraftAnchors(tokens=tokens, positions=positions, visible=visible, row_valid=row_valid)
 
 
@@ -117,18 +118,17 @@ def commit_plan(tree: DraftTree, acc: Acceptance, prefix_lens: Tensor, stride: i
         raise ValueError(f"the accepted path has {depths} columns, more than the output stride {stride}")
     t = acc.accept_lengths.long()
     on_path = nodes >= 0
-    safe = nodes.clamp(min=0)
-    k = torch.arange(depths, device=dev)
+    safe = nodes.clamp(min=0)  # 0 past the path
+    k = arange(depths, dev)
     # out row: the drafts at depths 1..t-1, then the bonus at t-1
     drafted = torch.where(on_path[:, 1:], tree.tokens.gather(1, safe[:, 1:]), 0)  # [bs, T-1]
-    out = torch.zeros(bs, stride, dtype=torch.long, device=dev)
-    out[:, : depths - 1] = drafted
+    out = torch.nn.functional.pad(drafted, (0, stride - depths + 1))  # [bs, stride]
     out.scatter_(1, (t - 1)[:, None], acc.bonus.long()[:, None])
-    base = torch.arange(bs, device=dev)[:, None] * width
+    base = arange(bs, dev)[:, None] * width
     return CommitPlan(
         commit_lens=t,
         out_tokens=out,
-        path_nodes=torch.where(on_path, safe, 0),
+        path_nodes=safe,
         move_src=(base + torch.where(on_path, safe, k)).reshape(-1),
         move_dst=(base + k).expand(bs, depths).reshape(-1),
         new_seq_lens=prefix_lens.long() + t,

@@ -50,6 +50,7 @@ from torch import Tensor
 from attention.masks import padded_ancestor_mask
 
 from .config import ReAnchorConfig
+from .indices import arange, diagonal, lower_triangle, shared_per_size
 
 __all__ = ["Branches", "DraftTree", "build_draft_tree"]
 
@@ -147,8 +148,7 @@ class DraftTree:
     @property
     def valid(self) -> Tensor:
         """``[bs, N]`` bool: real (non-padding) nodes."""
-        idx = torch.arange(self.width, device=self.tokens.device)
-        return idx < self.num_nodes[:, None]
+        return arange(self.width, self.tokens.device) < self.num_nodes[:, None]
 
     def positions(self, prefix_lens: Tensor) -> Tensor:
         """``[bs, N]`` long: absolute positions ``prefix_lens[b] + depth`` (``prefix_lens``: ``[bs]``)."""
@@ -294,11 +294,11 @@ def build_draft_tree(
     n = min(config.node_budget, num * width)  # the fixed verify width N
 
     # ---- every row's full token path on the depth grid: [bs, 1+R, G]
-    t = torch.arange(grid, device=dev)
+    t = arange(grid, dev)
     base_path = torch.nn.functional.pad(baseline, (0, width), value=-1)  # [bs, G]
     k = t - sites[:, :, None]  # [bs, R, G]: index into the row (< 0: above its site)
-    in_row = (k >= 0) & (k < width)
     k_in = k.clamp(0, width - 1)
+    in_row = k_in == k
     # above its site a row is the baseline; below its last draft, nothing (-1, as the baseline there)
     row_path = torch.where(in_row, shifted.gather(2, k_in), base_path[:, None, :])
     paths = torch.cat([base_path[:, None, :], row_path], dim=1)  # [bs, 1+R, G]
@@ -317,12 +317,13 @@ def build_draft_tree(
         keep = keep & (t <= config.max_depth)
 
     # ---- merge: same[b, r, q, t] = rows r and q share the path down to depth t
-    same = (paths[:, :, None, :] == paths[:, None, :, :]).int().cummin(dim=3).values.bool()
-    owner = (same & keep[:, None, :, :]).int()  # q keeps a cell on r's path at depth t
+    # (bool as uint8 views: cummin and argmax need a number type, a view costs no kernel)
+    same = (paths[:, :, None, :] == paths[:, None, :, :]).view(torch.uint8).cummin(dim=3).values.view(torch.bool)
+    owner = (same & keep[:, None, :, :]).view(torch.uint8)  # q keeps a cell on r's path at depth t
     rep = owner.argmax(dim=2)  # [bs, 1+R, G]: the first such row (r itself if r keeps the cell)
-    row_ids = torch.arange(num, device=dev)[None, :, None]
+    row_ids = arange(num, dev)[None, :, None]
     is_node = (keep & (rep == row_ids)).reshape(bs, num * grid)  # creation order: row-major
-    node_id = is_node.long().cumsum(dim=1) - 1
+    node_id = is_node.cumsum(dim=1) - 1
     in_budget = is_node & (node_id < n)
     cell_node = node_id.view(bs, num, grid).gather(1, rep)  # [bs, 1+R, G]: node of each cell's path
     parent = torch.nn.functional.pad(cell_node[:, :, :-1], (1, 0), value=-1)  # the cell one level up
@@ -330,19 +331,18 @@ def build_draft_tree(
     slot = torch.where(in_budget, node_id, n)  # cells that are no node go to a spare column
     # the node fields in one scatter: token, parent, depth, source row of each cell; padding 0 / -1 / 0 / 0
     fields = torch.stack([paths, parent, t.expand(bs, num, grid), row_ids.expand(bs, num, grid)], dim=1)
-    out = torch.zeros(bs, 4, n + 1, dtype=torch.long, device=dev)
-    out[:, 1] = -1
+    out = _padding_fields(n + 1, str(dev)).expand(bs, 4, n + 1).clone()
     out = out.scatter_(2, slot[:, None, :].expand(bs, 4, -1), fields.view(bs, 4, -1))[:, :, :n]
 
     # ancestors of the node at cell (r, t): the nodes of r's cells at depths <= t; and every
     # column sees itself (a padding node sees only itself)
-    above = t[None, :] <= t[:, None]  # [G, G]: (t, t') with t' <= t
+    above = lower_triangle(grid, dev)  # [G, G]: (t, t') with t' <= t
     cols = cell_node[:, :, None, :].expand(bs, num, grid, grid)  # [bs, 1+R, G, G]
     cols = torch.where(above & (cols < n), cols, n)  # (a cell past the budget is in no node's path)
     flat = (slot.view(bs, num, grid, 1) * (n + 1) + cols).reshape(bs, -1)
-    diagonal = (torch.arange(n, device=dev) * (n + 2)).expand(bs, n)
     anc = torch.zeros(bs, (n + 1) * (n + 1), dtype=torch.bool, device=dev)
-    anc = anc.scatter_(1, torch.cat([flat, diagonal], dim=1), True).view(bs, n + 1, n + 1)[:, :n, :n]
+    anc = anc.scatter_(1, torch.cat([flat, diagonal(n, dev).expand(bs, n)], dim=1), True)
+    anc = anc.view(bs, n + 1, n + 1)[:, :n, :n]
 
     # a row is attached where its anchor's cell is kept and inside the budget (shifted rows only)
     site = sites[:, :shifted_rows, None]
@@ -357,6 +357,14 @@ def build_draft_tree(
         row_sites=torch.where(anchor_kept & (anchor_node < n), sites[:, :shifted_rows], -1),
         ancestors=anc,
     )
+
+
+@shared_per_size
+def _padding_fields(n: int, device: str) -> Tensor:
+    """``[4, n]`` long: a padding node's token, parent, depth and source row (0, -1, 0, 0); read only."""
+    out = torch.zeros(4, n, dtype=torch.long, device=device)
+    out[1] = -1
+    return out
 
 
 def _attach_sites(
@@ -382,11 +390,11 @@ def _attach_sites(
         return offset, offset_ok
 
     match = baseline[:, None, :] == shifted[:, :, :1]  # [bs, R, B]: g_j == a_d
+    j = arange(block, dev)
     if not config.root_site:
-        match = match & (torch.arange(block, device=dev) > 0)
-    j = torch.arange(block, device=dev)
+        match = match & (j > 0)
     if config.policy == "earliest":
-        score = match.int()  # argmax: the first match
+        score = match.view(torch.uint8)  # argmax: the first match
     elif config.policy == "random":
         noise = torch.rand(bs, rows, block, generator=generator, device="cpu").to(dev)
         score = torch.where(match, noise, -float("inf"))

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .sampling import SamplingParams, sample_tokens
+from .indices import arange
 from .tree import DraftTree
 
 __all__ = ["Acceptance", "accept_tree", "verify_tree"]
@@ -92,39 +93,45 @@ def accept_tree(tree: DraftTree, next_tokens: Tensor, top1: Tensor, path_width: 
     is cut to it, as the suffix store would).
     """
     bs, n = tree.tokens.shape
+    if next_tokens.shape != tree.tokens.shape or top1.shape != tree.tokens.shape:
+        raise ValueError(f"next_tokens and top1 must be [bs, N] = {tuple(tree.tokens.shape)} (a pick at every "
+                         f"node, padding included); got {tuple(next_tokens.shape)} and {tuple(top1.shape)}")
     dev = tree.tokens.device
     path_width = n if path_width is None else path_width
     suffix_width = n - 1 if suffix_width is None else suffix_width
-    idx = torch.arange(n, device=dev)
-    valid = idx < tree.num_nodes[:, None]  # [bs, N]
+    idx = arange(n, dev)
+    is_child = tree.parents >= 0  # [bs, N]: real nodes but the root (padding has parent -1)
+    padding = idx >= tree.num_nodes[:, None]
 
     # A node matches if its token is what the target picked at its parent; it is accepted if
     # every node of its root path matches. Siblings hold distinct tokens, so at most one child
     # of a node matches: the accepted nodes are one root path.
     parent_pick = next_tokens.gather(1, tree.parents.clamp(min=0))
-    mismatch = (tree.tokens != parent_pick) & (tree.parents >= 0) | ~valid
-    accepted = ~(tree.ancestors & mismatch[:, None, :]).any(dim=2)  # [bs, N]
-    last = torch.where(accepted, tree.depth, -1).argmax(dim=1, keepdim=True)  # [bs, 1]: the deepest
+    mismatch = (tree.tokens != parent_pick) & is_child | padding
+    rejected = (tree.ancestors & mismatch[:, None, :]).any(dim=2)  # [bs, N]: a mismatch on the root path
+    last = torch.where(rejected, -1, tree.depth).argmax(dim=1, keepdim=True)  # [bs, 1]: the deepest accepted
     accept_lengths = tree.depth.gather(1, last).squeeze(1) + 1
     bonus = next_tokens.gather(1, last).squeeze(1)
 
-    suffix_nodes = _heavy_path(tree, valid, idx, last, suffix_width)  # [bs, S]
-    safe = suffix_nodes.clamp(min=0)
-    pad = suffix_nodes < 0
+    suffix_nodes, real = _heavy_path(tree, is_child, idx, last, suffix_width)  # [bs, S] each
+    # the suffix's draft tokens and the target's top-1 at each, in one gather
+    safe = suffix_nodes.clamp(min=0)[:, None, :].expand(bs, 2, -1)
+    at_suffix = torch.where(real[:, None, :], torch.stack([tree.tokens, top1], dim=1).gather(2, safe), 0)
     return Acceptance(
         accept_lengths=accept_lengths,
-        accepted_nodes=_by_depth(accepted, tree.depth, path_width),
+        accepted_nodes=_by_depth(~rejected, tree.depth, path_width),
         bonus=bonus,
         next_tokens=next_tokens,
         suffix_nodes=suffix_nodes,
-        suffix_lengths=suffix_width - pad.sum(dim=1),
-        suffix_tokens=tree.tokens.gather(1, safe).masked_fill(pad, 0),
-        suffix_predictions=top1.gather(1, safe).masked_fill(pad, 0),
+        suffix_lengths=real.sum(dim=1),
+        suffix_tokens=at_suffix[:, 0],
+        suffix_predictions=at_suffix[:, 1],
     )
 
 
-def _heavy_path(tree: DraftTree, valid: Tensor, idx: Tensor, last: Tensor, width: int) -> Tensor:
-    """``[bs, width]`` long: the first ``width`` nodes of the heavy path below ``last`` (``[bs, 1]``), -1 pad.
+def _heavy_path(tree: DraftTree, is_child: Tensor, idx: Tensor, last: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """The first ``width`` nodes of the heavy path below ``last`` (``[bs, 1]``): ``(nodes, real)``,
+    ``[bs, width]`` long (-1 pad) and bool (not padding).
 
     Each node's *heavy child* is its child with the deepest subtree, lowest id on
     ties; the path steps from ``last`` to its heavy child ``width`` times (a fixed
@@ -133,7 +140,6 @@ def _heavy_path(tree: DraftTree, valid: Tensor, idx: Tensor, last: Tensor, width
     bs, n = tree.tokens.shape
     # height of each node's subtree: its deepest descendant's depth minus its own
     height = torch.where(tree.ancestors, tree.depth[:, :, None], 0).amax(dim=1) - tree.depth
-    is_child = valid & (tree.parents >= 0)
     key = torch.where(is_child, height * (n + 1) + (n - idx), -1)  # higher is better; ids break ties low
     best = torch.full((bs, n + 1), -1, dtype=torch.long, device=idx.device)
     best.scatter_reduce_(1, torch.where(is_child, tree.parents, n), key, reduce="amax")
@@ -144,7 +150,8 @@ def _heavy_path(tree: DraftTree, valid: Tensor, idx: Tensor, last: Tensor, width
         node = heavy_child.gather(1, node)
         steps.append(node)
     path = torch.cat(steps, dim=1) if steps else last[:, :0]
-    return torch.where(path < n, path, -1)
+    real = path < n
+    return torch.where(real, path, -1), real
 
 
 def _by_depth(nodes: Tensor, column: Tensor, width: int) -> Tensor:
@@ -158,5 +165,5 @@ def _by_depth(nodes: Tensor, column: Tensor, width: int) -> Tensor:
     """
     bs, n = nodes.shape
     out = torch.full((bs, width + 1), -1, dtype=torch.long, device=nodes.device)
-    ids = torch.arange(n, device=nodes.device).expand(bs, n)
+    ids = arange(n, nodes.device).expand(bs, n)
     return out.scatter_(1, torch.where(nodes, column.clamp(max=width), width), ids)[:, :width]

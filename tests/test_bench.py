@@ -168,7 +168,7 @@ def _diag_round(base: list[int], rows: list[list[int]], offsets: tuple[int, ...]
                             torch.ones(1, len(dup), dtype=torch.bool), torch.zeros(1, 0, dtype=torch.long),
                             ReAnchorConfig(node_budget=1000), sites=torch.tensor([sites]))
     index = analysis._node_index(tree)
-    top1 = [0] * int(tree.num_nodes[0])
+    top1 = [0] * tree.width  # a pick at every node, padding included ([bs, N])
     for path, node in index.items():  # the target continues the true text if the path is on it
         k = len(path)
         top1[node] = truth[k] if list(path) == truth[:k] and k < len(truth) else 99

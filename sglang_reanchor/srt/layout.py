@@ -34,6 +34,7 @@ from torch import Tensor
 
 from attention.masks import full_mask, multi_anchor_mask
 
+from ..indices import arange
 from ..round import DraftAnchors
 from ..tree import DraftTree
 
@@ -169,5 +170,5 @@ def verify_inputs(tree: DraftTree, prefix_lens: Tensor, max_prefix: int, prefix_
         tokens=tree.tokens.reshape(-1),
         positions=tree.positions(s).reshape(-1),
         custom_mask=full_mask(tree.ancestors, s, max_prefix=max_prefix, prefix_sum=prefix_sum),
-        columns=s[:, None] + torch.arange(n, device=s.device),
+        columns=s[:, None] + arange(n, s.device),
     )
