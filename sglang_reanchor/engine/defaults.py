@@ -46,13 +46,15 @@ __all__ = ["CPU_CANDIDATES", "PAPER_CONFIG", "DeviceChoice", "device_config", "f
 PAPER_CONFIG = ReAnchorConfig()
 # Small trees for a CPU, from the cost model (`sglang_reanchor.bench.cost`): the fixed-offset rule
 # with D = {1, 2, 3} and an 8-node budget, drafts verified to depth 3, without and with branching
-# at the first baseline slots; and a one-row variant whose drafter forward is cheaper.
+# at the first baseline slots; one-row variants whose drafter forward is cheaper.
 CPU_CANDIDATES: tuple[ReAnchorConfig, ...] = (
     ReAnchorConfig(policy="offset", offsets=(1, 2, 3), node_budget=8, max_depth=3, draft_vocab=8192),
     ReAnchorConfig(policy="offset", offsets=(1, 2, 3), node_budget=8, max_depth=3, draft_vocab=8192,
                    branch_width=2, branch_rows=4),
     ReAnchorConfig(policy="offset", offsets=(1,), node_budget=6, max_depth=3, draft_vocab=8192),
     ReAnchorConfig(policy="offset", offsets=(1, 2, 3), node_budget=12, max_depth=6, draft_vocab=8192),
+    # one row, deeper: where a verified node is cheap (AMX bfloat16: 8 nodes cost ~1.1 steps)
+    ReAnchorConfig(policy="offset", offsets=(1,), node_budget=8, max_depth=6, draft_vocab=8192),
 )
 # Measured on first use where nothing shipped or cached fits: neither is from an evaluation set.
 MEASURE_PROMPTS: tuple[str, ...] = (

