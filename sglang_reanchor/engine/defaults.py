@@ -17,7 +17,9 @@ Every candidate is lossless, so the choice changes speed only, never tokens. Els
 the result is `PAPER_CONFIG`. The choice is the fastest *speculative* setting; it records plain
 decoding's speed beside its own, because on some CPUs none beats plain decoding with a given
 drafter (the 2-core AVX2 EPYC of 2026-12-03, float32, drafter v6: a round costs 2.3 decode steps
-while tau is 1.6-1.9, so the best setting runs at 0.76x; results/2026-12-03_v6-4dd68a761ab8/).
+while tau is 1.6-1.9, so the best setting runs at 0.76x; results/2026-12-03_v6-4dd68a761ab8/). Where a
+verified node is nearly free (a 2-core Xeon with AMX-BF16, bfloat16: 8 nodes cost 1.09x one token) the
+shipped entry runs at 1.13x the fastest plain decoding (results/2026-12-04_amx_v6-4dd68a761ab8/).
 
 >>> PAPER_CONFIG == ReAnchorConfig()
 True
