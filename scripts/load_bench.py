@@ -19,9 +19,10 @@ asserted). Writes ``load.json`` and ``load.md``; methods are run one after anoth
 each alone on the machine.
 
 Methods (``--methods``): ``plain`` (no speculation), ``chain`` (REANCHOR with
-``{"offsets": []}``: DFlash's chain), ``reanchor`` (the config in ``--reanchor-config``)
-``reanchor-batch`` (the same plus ``batch_node_budget``) and ``reanchor-cost`` (the same
-with ``$SGLANG_REANCHOR_COST_PROFILE`` = ``--cost-profile``, required for it: each round's per-request
+``--chain-config``, by default ``{"offsets": []}``: DFlash's chain), ``reanchor`` (the config in
+``--reanchor-config``); ``chain-batch`` and ``reanchor-batch`` (the same plus ``batch_node_budget`` =
+``--batch-node-budget``) and ``chain-cost`` and ``reanchor-cost`` (the same with
+``$SGLANG_REANCHOR_COST_PROFILE`` = ``--cost-profile``, required for them: each round's per-request
 budget chosen for the batch from the measured cost curve, `sglang_reanchor.budget.BatchBudget`).
 """
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=None, help="HF target folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", type=Path, default=None, help="z-lab drafter folder (default: the shipped one)")
     ap.add_argument("--methods", nargs="+", default=["plain", "chain", "reanchor", "reanchor-batch", "reanchor-cost"],
-                    choices=["plain", "chain", "reanchor", "reanchor-batch", "reanchor-cost"])
+                    choices=["plain", *(f"{m}{v}" for m in ("chain", "reanchor") for v in ("", "-batch", "-cost"))])
     ap.add_argument("--reanchor-config", default='{"policy": "offset", "offsets": [1, 2, 3], '
                     '"node_budget": 8, "max_depth": 3}', help="SGLANG_REANCHOR_CONFIG of 'reanchor'")
     ap.add_argument("--chain-config", default='{"offsets": [], "max_depth": 6}',
@@ -109,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    if "reanchor-cost" in args.methods and args.cost_profile is None:
-        ap.error("--cost-profile is required for the method 'reanchor-cost' (a `python -m sglang_reanchor.bench "
-                 "cost` profile measured on this machine); or leave reanchor-cost out of --methods")
+    costed = [m for m in args.methods if m.endswith("-cost")]
+    if costed and args.cost_profile is None:
+        ap.error(f"--cost-profile is required for the methods {', '.join(costed)} (a `python -m sglang_reanchor.bench "
+                 "cost` profile measured on this machine); or leave them out of --methods")
     if args.cost_profile is not None and not args.cost_profile.is_file():
         ap.error(f"--cost-profile {args.cost_profile} is not a file")
 
@@ -119,11 +121,13 @@ def main(argv: list[str] | None = None) -> int:
 
     target = args.target or default_target_path()
     drafter = args.drafter or shipped_drafter_path()
-    configs = {"plain": None, "chain": args.chain_config, "reanchor": args.reanchor_config,
-               "reanchor-batch": json.dumps({**json.loads(args.reanchor_config),
-                                             "batch_node_budget": args.batch_node_budget}),
-               "reanchor-cost": args.reanchor_config}
-    envs = {"reanchor-cost": {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}} if args.cost_profile else {}
+    configs: dict[str, str | None] = {"plain": None}
+    envs: dict[str, dict[str, str]] = {}
+    for name, config in (("chain", args.chain_config), ("reanchor", args.reanchor_config)):
+        configs[name] = configs[f"{name}-cost"] = config
+        configs[f"{name}-batch"] = json.dumps({**json.loads(config), "batch_node_budget": args.batch_node_budget})
+        if args.cost_profile:
+            envs[f"{name}-cost"] = {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}
     server_args = ["--dtype", args.dtype, "--max-total-tokens", "16384", "--max-running-requests", "16",
                    "--mem-fraction-static", "0.5"]
     report: dict = {"meta": {"target": str(target), "drafter": str(drafter), "max_new_tokens": args.max_new_tokens,

@@ -8,7 +8,8 @@ plain decoding and each CPU candidate on two built-in prompts), three times, and
 candidate that won most often (ties: the higher median tokens/s) with its median tokens/s and
 plain decoding's into ``sglang_reanchor/assets/smollm2-135m-dflash-b16/device_defaults.json``,
 under this machine's key (CPU model, bfloat16 flags, torch threads, dtype); an entry with the
-same key is replaced. The entry records plain decoding's speed beside the winner's, so that a
+same key is replaced, its ``served`` fields too (measured under load for the old choice: measure them
+again with ``scripts/load_bench.py``). The entry records plain decoding's speed beside the winner's, so that a
 machine where no candidate beats plain decoding says so (the demo prints both). Run it with
 nothing else on the machine.
 """

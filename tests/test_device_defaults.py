@@ -123,3 +123,27 @@ def test_shipped_entries_are_valid_configs():
         assert set(entry["key"]) == {"device", "cpu", "bf16_flags", "threads", "dtype"}
         config = ReAnchorConfig(**{**entry["config"], "offsets": tuple(entry["config"]["offsets"])})
         assert config.offsets and config.max_depth and entry["tokens_per_s"] > 0 and entry["plain_tokens_per_s"] > 0
+
+
+def test_a_server_takes_the_entrys_served_fields_on_top(pair, tmp_path):
+    """An entry's ``served`` fields (measured under load) change what an SGLang server serves on
+    this CPU kind, not what the reference engine runs; any other served field is refused."""
+    from sglang_reanchor.engine.defaults import shipped_choice
+    from sglang_reanchor.srt.settings import served_config
+
+    _, drafter = pair
+    chosen = small_candidates(drafter)[1]
+    entry = {"key": machine_key(CPU, torch.float32), "config": {**asdict(chosen), "offsets": list(chosen.offsets)},
+             "served": {"config": {"batch_node_budget": 16}, "measured": "results/x/load"}}
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    engine = device_config(builder(pair), CPU, torch.float32, tmp_path, "p", None, cache_dir=tmp_path / "c",
+                           progress=None)
+    assert engine.config == chosen and engine.config.batch_node_budget is None
+    served = served_config("cpu", "float32", str(tmp_path), environ={})
+    assert served.source == "shipped" and served.config == chosen.replace(batch_node_budget=16)
+    assert "batch_node_budget 16" in served.note and "results/x/load" in served.note
+    assert served_config("cpu", "float32", str(tmp_path), tp_size=2, environ={}).config.batch_node_budget == 16
+    entry["served"] = {"config": {"node_budget": 4}}
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    with pytest.raises(ValueError, match="served.config may set batch_node_budget only"):
+        shipped_choice(tmp_path, machine_key(CPU, torch.float32))

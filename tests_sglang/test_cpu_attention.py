@@ -136,3 +136,74 @@ def test_torch_qk_norm_rope_equals_sglangs_triton_kernel(heads):
     assert torch.equal(got[:, (hq + hk) * d:], qkv[:, (hq + hk) * d:])  # V untouched
     assert not torch.equal(got, qkv)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_req_to_token_assign_equals_sglangs_triton_kernel(seed):
+    """The plain-CPU replacement of a speculative step's ``req_to_token`` write
+    (`cpu_compat._assign_req_to_token_torch`) against SGLang's Triton kernel in the interpreter,
+    on random batches: rows out of order, zero-length requests, lengths past the kernel's 32-wide block."""
+    from sglang.srt.mem_cache.allocation import assign_req_to_token_pool, next_power_of_2
+
+    from sglang_reanchor.srt.cpu_compat import _assign_req_to_token_torch
+
+    g = torch.Generator().manual_seed(seed)
+    bs, rows, width = int(torch.randint(1, 9, (1,), generator=g)), 12, 96
+    slots = torch.randperm(rows, generator=g)[:bs]
+    start = torch.randint(0, 40, (bs,), generator=g)
+    lengths = torch.randint(0, 50, (bs,), generator=g) * (torch.rand(bs, generator=g) > 0.2)
+    end = start + lengths
+    loc = torch.randint(1, 10_000, (int(lengths.sum()),), generator=g)
+    want = torch.randint(0, 10_000, (rows, width), generator=g, dtype=torch.int32)
+    before, got = want.clone(), want.clone()
+    assign_req_to_token_pool[(bs,)](slots, want, start, end, loc, width, next_power_of_2(bs))
+    _assign_req_to_token_torch(None, slots, got, start, end, loc, bs)
+    assert torch.equal(got, want)
+    assert int((got != before).sum()) > 0 or int(lengths.sum()) == 0  # the case wrote something
+
+
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.integers(1, 40), min_size=1, max_size=6), kv_heads=st.sampled_from([1, 3]),
+       group=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
+def test_batched_decode_equals_torch_natives_loop(lens, kv_heads, group, seed):
+    """A plain decode step in one padded SDPA call equals SGLang's ``torch_native`` loop (one SDPA
+    call per request) on SGLang's own pools: ragged lengths, scattered slots, GQA, the new KV cached."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_reanchor.srt.cpu_attention import ReAnchorSdpaBackend
+
+    gen = torch.Generator().manual_seed(seed)
+    bs, heads, dim = len(lens), kv_heads * group, 8
+    pool_size = 3 * sum(lens) + 8
+    req_pool = ReqToTokenPool(size=bs + 2, max_context_len=max(lens) + 2, device="cpu", enable_memory_saver=False)
+    pools = [MHATokenToKVPool(size=pool_size, page_size=1, dtype=torch.float32, head_num=kv_heads, head_dim=dim,
+                              layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+             for _ in range(2)]
+    k0, v0 = torch.randn(pools[0].get_key_buffer(0).shape, generator=gen), torch.randn(pools[0].get_value_buffer(0).shape, generator=gen)
+    for pool in pools:
+        pool.get_key_buffer(0).copy_(k0)
+        pool.get_value_buffer(0).copy_(v0)
+    slots = torch.randperm(pool_size - 1, generator=gen)[: sum(lens)] + 1
+    rows = torch.randperm(bs + 1, generator=gen)[:bs] + 1
+    used, new_loc = 0, []
+    for b, s in enumerate(lens):
+        req_pool.req_to_token[rows[b], :s] = slots[used: used + s].int()
+        new_loc.append(slots[used + s - 1])
+        used += s
+    query = torch.randn(bs, heads * dim, generator=gen)
+    key, value = torch.randn(bs, kv_heads, dim, generator=gen), torch.randn(bs, kv_heads, dim, generator=gen)
+    seq_lens = torch.tensor(lens)
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
+                            req_pool_indices=rows, out_cache_loc=torch.stack(new_loc), encoder_lens=None)
+    layer = RadixAttention(heads, dim, dim ** -0.5, kv_heads, layer_id=0)
+    outs = []
+    for pool, forward in zip(pools, (ReAnchorSdpaBackend.forward_decode, TorchNativeAttnBackend.forward_decode)):
+        runner = SimpleNamespace(device="cpu", req_to_token_pool=req_pool, token_to_kv_pool=pool, page_size=1)
+        outs.append(forward(ReAnchorSdpaBackend(runner), query, key, value, layer, batch))
+    got, want = outs
+    assert torch.equal(pools[0].get_key_buffer(0)[batch.out_cache_loc], key)  # the new keys are cached
+    assert torch.equal(pools[0].get_key_buffer(0), pools[1].get_key_buffer(0))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

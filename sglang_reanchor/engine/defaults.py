@@ -64,7 +64,10 @@ MEASURE_PROMPTS: tuple[str, ...] = (
     "3 dollars. How much money does the baker make in total? Explain step by step.",
     "Write a Python function `count_vowels(text)` that returns the number of vowels in a string.",
 )
-SHIPPED_FILE = "device_defaults.json"  # in a drafter folder: {"entries": [{"key": ..., "config": ...}]}
+# in a drafter folder: {"entries": [{"key": ..., "config": ..., "served": {"config": {...}, "measured": ...}}]};
+# "served" (optional) holds the fields an SGLang server changes on top of "config" (the engine's
+# choice, measured one request at a time): batch_node_budget, measured under load
+SHIPPED_FILE = "device_defaults.json"
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class DeviceChoice:
     source: str
     tokens_per_s: float | None = None
     plain_tokens_per_s: float | None = None
+    served: ReAnchorConfig | None = None  # what an SGLang server serves instead (shipped entries' "served")
+    served_measured: str = ""  # where that was measured
 
 
 def machine_key(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
@@ -161,8 +166,13 @@ def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice 
         return None
     for entry in json.loads(file.read_text())["entries"]:
         if entry["key"] == key:
-            return DeviceChoice(_config(entry["config"]), "shipped", entry.get("tokens_per_s"),
-                                entry.get("plain_tokens_per_s"))
+            config, served = _config(entry["config"]), entry.get("served") or {}
+            unknown = sorted(set(served.get("config", {})) - {"batch_node_budget"})
+            if unknown:
+                raise ValueError(f"{file}: an entry's served.config may set batch_node_budget only, got {unknown}")
+            return DeviceChoice(config, "shipped", entry.get("tokens_per_s"), entry.get("plain_tokens_per_s"),
+                                served=config.replace(**served["config"]) if served.get("config") else None,
+                                served_measured=str(served.get("measured", "")))
     return None
 
 

@@ -14,9 +14,11 @@ input's ``draft_token_num``); its mask is ``q x (s_b + q)`` booleans, row-major,
 the cached ``req_to_token[b, :s_b]`` rows followed by the queries' own.
 
 The plugin registers it for every server (`plugin.register`): a new choice, no
-other server changes. It serves REANCHOR's verify and draft forwards (one padded SDPA
-call per layer for the whole batch) and plain prefill and decoding (``torch_native``'s
-own loop, one request per iteration).
+other server changes. It serves REANCHOR's verify and draft forwards and plain decoding
+with one padded SDPA call per layer for the whole batch (``torch_native`` loops over the
+requests, one SDPA call each: at 16 requests that loop made a plain decode step slower
+than REANCHOR's one-token verify of the same batch), and prefill with ``torch_native``'s
+own loop.
 Paged (page size > 1), translated (SWA, DCP) and cross-attention pools are refused
 at construction or first use, with a message.
 """
@@ -61,6 +63,42 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         return self._verify(q, k, v, layer, forward_batch, spec)
 
+    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
+                       save_kv_cache: bool = True) -> torch.Tensor:
+        """One decode token per request (``q`` ``[bs, H * D]``), all requests in one SDPA call: each
+        attends to its ``seq_lens[b]`` cached tokens, the new one included (written first)."""
+        window = getattr(layer, "sliding_window_size", None)
+        if layer.is_cross_attention or (window is not None and window > -1):
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+        heads, kv_heads = layer.tp_q_head_num, layer.tp_k_head_num
+        plan = self._decode_plan_for(forward_batch)
+        bs = plan.cached.shape[0]
+        query = q.reshape(bs, 1, heads, layer.qk_head_dim)
+        keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[plan.cached].to(query.dtype)  # [bs, S, Hkv, D]
+        values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)[plan.cached].to(query.dtype)
+        out = scaled_dot_product_attention(
+            query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=plan.mask[:, None], scale=layer.scaling, enable_gqa=heads != kv_heads,
+        )  # [bs, H, 1, Dv]
+        return out.transpose(1, 2).reshape(bs, heads * layer.v_head_dim)
+
+    def _decode_plan_for(self, forward_batch: Any) -> "_VerifyPlan":
+        """The decode forward's slots and padding mask (``[bs, 1, S]``, ``S = max_b seq_lens[b]``),
+        built at its first layer and reused by the others."""
+        key = (forward_batch, forward_batch.seq_lens, forward_batch.req_pool_indices)
+        plan = self._plan
+        if plan is not None and len(plan.key) == len(key) and all(a is b for a, b in zip(plan.key, key)):
+            return plan
+        seq_lens = forward_batch.seq_lens.long()
+        longest = int(forward_batch.seq_lens_cpu.max()) if forward_batch.seq_lens_cpu is not None else int(seq_lens.max())
+        rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.long(), :longest].long()
+        seen = torch.arange(longest, device=rows.device)[None, :] < seq_lens[:, None]  # [bs, S]
+        self._plan = _VerifyPlan(key=key, cached=rows.masked_fill(~seen, 0), mask=seen[:, None, :],
+                                 live=seen[:, :1])
+        return self._plan
+
     def _verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
                 spec: Any) -> torch.Tensor:
         """``q``: ``[bs * n, H * D]`` (``n`` queries per request); returns ``[bs * n, H * Dv]``.
@@ -92,7 +130,8 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
         mask = spec.custom_mask
         key = (forward_batch, mask, forward_batch.seq_lens, forward_batch.req_pool_indices)
         plan = self._plan
-        if plan is not None and all(a is b for a, b in zip(plan.key, key)):  # the same forward, the same tensors
+        if plan is not None and len(plan.key) == len(key) and all(a is b for a, b in zip(plan.key, key)):
+            # the same forward, the same tensors
             return plan
         # the cached lengths (seq_lens_cpu may already count the queries)
         seq_lens = forward_batch.seq_lens.long()

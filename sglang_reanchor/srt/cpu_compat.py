@@ -39,6 +39,11 @@ plain or DFLASH server with this package installed runs SGLang's own functions:
   CPU tensors through SGLang's own non-custom-op path (``_all_gather_into_tensor``, torch
   distributed on the gloo group), as SGLang does for its CPU engine.
 
+- (plain CPU only) A speculative decode step's KV reservation writes the new slots into
+  ``req_to_token`` with SGLang's Triton kernel ``assign_req_to_token_pool`` (its CPU branch
+  needs ``sgl_kernel``): in the interpreter, about 7 % of a served REANCHOR round at
+  concurrency 16. The hook does the same scatter in torch (`_assign_req_to_token_torch`).
+
 - ``ModelRunner._extend_forward_kwargs`` casts ``forward_batch.input_embeds`` to
   bfloat16 whatever the model's dtype, so a DFlash drafter run in float32 or
   float16 (its block embeddings come in as ``input_embeds``) fails with "expected
@@ -121,6 +126,28 @@ def _table_qk_norm_rope_torch(original: Any, qkv: Any, positions: Any, q_weight:
     cos, sin = table[:, None, :half], table[:, None, half:]
     y1, y2 = y[..., :half], y[..., half:]
     qk.copy_(torch.cat([y1 * cos - y2 * sin, y2 * cos + y1 * sin], dim=-1).to(qkv.dtype))
+
+
+def _assign_req_to_token_torch(original: Any, req_pool_indices: Any, req_to_token: Any, start_offset: Any,
+                               end_offset: Any, out_cache_loc: Any, batch_size: int) -> None:
+    """``assign_req_to_token_pool_func`` in torch: request ``i``'s columns ``start[i] .. end[i]-1`` of its
+    ``req_to_token`` row take the next ``end[i] - start[i]`` entries of ``out_cache_loc``, in batch order.
+
+    ``req_pool_indices``, ``start_offset``, ``end_offset``: ``[bs]``; ``out_cache_loc``: ``[sum(end - start)]``.
+    """
+    import torch
+
+    if req_to_token.device.type != "cpu":
+        return original(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size)
+    start, lengths = start_offset[:batch_size].long(), (end_offset[:batch_size] - start_offset[:batch_size]).long()
+    total = int(lengths.sum())  # a host read: free on a CPU
+    if total == 0:
+        return None
+    rows = torch.repeat_interleave(torch.arange(batch_size), lengths, output_size=total)  # [total]
+    first = torch.cumsum(lengths, 0) - lengths  # each request's first entry in out_cache_loc
+    cols = start[rows] + torch.arange(total) - first[rows]
+    req_to_token[req_pool_indices[:batch_size].long()[rows], cols] = out_cache_loc[:total].to(req_to_token.dtype)
+    return None
 
 
 def _all_gather_on_cpu(original: Any, group: Any, output: Any, input: Any) -> None:

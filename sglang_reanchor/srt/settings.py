@@ -15,7 +15,8 @@ raises `ValueError` naming the field.
 Unset, the server takes the defaults that pay on its device (`served_config`): on a
 GPU the paper's configuration (``ReAnchorConfig()``); on a CPU the choice the drafter
 folder ships for a CPU of this kind (``device_defaults.json``, the reference engine's
-`sglang_reanchor.engine.defaults`), else the paper's configuration too, saying so once.
+`sglang_reanchor.engine.defaults`, with the entry's ``served`` fields, measured under load, on
+top), else the paper's configuration too, saying so once.
 The launcher resolves it and writes it to ``$SGLANG_REANCHOR_CONFIG``, so the scheduler
 processes it spawns serve exactly what it reserved room for.
 
@@ -134,11 +135,14 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
             f"no CPU defaults ship with this drafter for this CPU and dtype {dtype}: the paper's configuration, "
             f"tuned for GPUs and slow on a CPU; write them with `python scripts/ship_device_defaults.py`, "
             f"or set {ENV_VAR} (for example '{{\"offsets\": [1], \"node_budget\": 6, \"max_depth\": 3}}')"))
-    config = choice.config
+    config = choice.served or choice.config  # the served fields (batch_node_budget) measured under load
     if tp_size != 1 or full_vocab_only:
         config = config.replace(draft_vocab=None, branch_width=0)
     speed = (f" ({choice.tokens_per_s:g} tokens/s against {choice.plain_tokens_per_s:g} plain in the reference engine)"
              if choice.tokens_per_s and choice.plain_tokens_per_s else "")
+    if choice.served is not None:
+        speed += (f", batch_node_budget {choice.served.batch_node_budget} for batches "
+                  f"(measured under load: {choice.served_measured or 'the entry says not where'})")
     return ServedConfig(config, "shipped", f"the drafter folder's defaults for this CPU{speed}")
 
 
