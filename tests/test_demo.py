@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from sglang_reanchor.demo import format_table, main
+from sglang_reanchor.demo import combined, format_table, main
 from sglang_reanchor.engine import GenerationResult
 
 
@@ -36,6 +36,17 @@ def test_the_demo_decodes_the_default_pair_losslessly_in_float32(capsys: pytest.
                "--no-paper-config", "--threads", "2"])
     out = capsys.readouterr().out
     assert rc == 0
-    lines = [line for line in out.splitlines() if line.startswith("| ")]
-    assert [line.split(" | ")[0] for line in lines[1:]] == ["| target", "| dflash", "| reanchor"]
-    assert all(line.rstrip(" |").endswith("yes") for line in lines[2:])
+    tables = [block for block in out.split("| method |")[1:]]  # one per built-in prompt, then both together
+    assert len(tables) == 3 and "all 2 prompts" in out
+    for table in tables:
+        rows = [line for line in table.splitlines() if line.startswith("| ")]  # the header's rest and |---| are not
+        assert [row.split(" | ")[0] for row in rows] == ["| target", "| dflash", "| reanchor"]
+        assert all(row.rstrip(" |").endswith("yes") for row in rows[1:])
+
+
+def test_prompts_combine_into_one_row_per_method() -> None:
+    a, b = _result([1, 2], 1.0, taus=[2]), _result([3, 4, 5], 2.0, taus=[1, 2])
+    both = combined([a, b])
+    assert both.tokens == [1, 2, 3, 4, 5] and both.acceptance_lengths == [2, 1, 2]
+    assert both.decode_seconds == 3.0 and both.prompt_tokens == 6
+    assert abs(both.tokens_per_second - 5 / 3) < 1e-9 and abs(both.mean_acceptance_length - 5 / 3) < 1e-9
