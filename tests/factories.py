@@ -118,10 +118,11 @@ def _with_random_head(family: DFlashDrafter, base: DFlashDrafter, seed: int, sca
 
 def tiny_domino_drafter(target: PreTrainedModel, *, block_size: int = 8, num_layers: int = 1, seed: int = 0,
                         shift_label: bool = True, gru_hidden_dim: int = 8, emb_dim: int = 16,
-                        target_layer_ids: list[int] | None = None, dtype: torch.dtype | None = None) -> DominoDrafter:
+                        mask_token_id: int | None = None, target_layer_ids: list[int] | None = None,
+                        dtype: torch.dtype | None = None) -> DominoDrafter:
     """A random Domino drafter fitting ``target``: `tiny_drafter`'s backbone (same seed) plus a
     random GRU correction head, scaled so that the correction often changes the argmax."""
-    base = tiny_drafter(target, block_size=block_size, num_layers=num_layers, seed=seed,
+    base = tiny_drafter(target, block_size=block_size, num_layers=num_layers, seed=seed, mask_token_id=mask_token_id,
                         target_layer_ids=target_layer_ids, dtype=dtype)
     settings = DominoSettings(shift_label=shift_label, gru_hidden_dim=gru_hidden_dim, emb_dim=emb_dim)
     return _with_random_head(DominoDrafter(base.config, settings), base, seed,
@@ -130,11 +131,11 @@ def tiny_domino_drafter(target: PreTrainedModel, *, block_size: int = 8, num_lay
 
 def tiny_dspark_drafter(target: PreTrainedModel, *, block_size: int = 8, num_layers: int = 1, seed: int = 0,
                         markov_head_type: str = "vanilla", markov_rank: int = 4, sample_from_anchor: bool = True,
-                        confidence_head: bool = True, target_layer_ids: list[int] | None = None,
-                        dtype: torch.dtype | None = None) -> DSparkDrafter:
+                        confidence_head: bool = True, mask_token_id: int | None = None,
+                        target_layer_ids: list[int] | None = None, dtype: torch.dtype | None = None) -> DSparkDrafter:
     """A random DSpark drafter fitting ``target`` (``block_size`` is DSpark's gamma, the drafts per
     block): `tiny_drafter`'s backbone plus a random Markov head (and confidence head)."""
-    base = tiny_drafter(target, block_size=block_size, num_layers=num_layers, seed=seed,
+    base = tiny_drafter(target, block_size=block_size, num_layers=num_layers, seed=seed, mask_token_id=mask_token_id,
                         target_layer_ids=target_layer_ids, dtype=dtype)
     settings = DSparkSettings(markov_rank=markov_rank, markov_head_type=markov_head_type,
                               sample_from_anchor=sample_from_anchor, confidence_head=confidence_head)

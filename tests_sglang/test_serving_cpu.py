@@ -225,18 +225,47 @@ def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path):
     assert max(max(t) for t in taus.values()) > 1  # drafts are accepted (random weights: via shifted rows)
 
 
-def test_a_dspark_drafter_is_refused_at_launch_with_the_reason(pair, tmp_path):
+@pytest.mark.parametrize("kind,sample_from_anchor,gamma", [("rnn", True, 8), ("gated", False, 7)],
+                         ids=["rnn-from-anchor", "gated-dflash-layout"])
+def test_a_dspark_drafter_serves_the_reference_engines_rounds(pair, tmp_path, kind, sample_from_anchor, gamma):
+    """A DSpark drafter (SGLang's ``Qwen3DSparkModel`` format) served by REANCHOR: SGLang loads it with
+    its own DSpark model class, every block is rolled out by SGLang's ``draft_markov_block`` on
+    ``compute_base_logits`` in the worker and by `DSparkHead` in the reference engine (equal to SGLang's,
+    tests_sglang/test_drafter_families.py). Both query layouts: ``gamma`` slots from the anchor, and
+    ``gamma + 1`` (DFlash's). Tokens and rounds equal the engine's, tokens equal plain greedy decoding."""
     from factories import tiny_dspark_drafter
 
-    from sglang_reanchor.srt.spec import validate_server_args
+    root, target, _ = pair
+    ds_root = tmp_path / "dspark"
+    ds_root.mkdir()
+    (ds_root / "target").symlink_to(root / "target")
+    dspark = tiny_dspark_drafter(target, block_size=gamma, target_layer_ids=[0, 2], seed=6, markov_head_type=kind,
+                                 markov_rank=5, sample_from_anchor=sample_from_anchor)
+    assert dspark.block_size == 8  # query slots: the same window as the DFlash drafter's
+    write_zlab_drafter(dspark, ds_root / "drafter")
+    trace = tmp_path / "trace.jsonl"
+    config = '{"policy": "offset"}'
+    got = serve(ds_root, "REANCHOR", ROUNDS[:1], config, trace)
+    reference = SpeculativeGenerator(target, dspark, config=parse_config(config))
+    taus = trace_taus(trace)
+    for rid, (prompt, n) in PROMPTS.items():
+        ref = reference.generate(prompt, n, method="reanchor")
+        assert got[rid]["output_ids"] == ref.tokens == reference.generate(prompt, n, method="target").tokens, rid
+        assert taus[rid] == ref.acceptance_lengths, rid
+    assert max(max(t) for t in taus.values()) > 1  # drafts are accepted
+
+
+def test_a_dspark_server_refuses_what_its_rollout_cannot_serve(pair, tmp_path):
+    """Branching with a DSpark drafter: the scheduler refuses it at start-up, naming the fields."""
+    from factories import tiny_dspark_drafter
 
     root, target, _ = pair
-    folder = write_zlab_drafter(tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2]), tmp_path / "ds")
-    from sglang.srt.server_args import ServerArgs
-
-    args = ServerArgs(model_path=str(root / "target"), speculative_draft_model_path=str(folder), device="cpu")
-    with pytest.raises(ValueError, match="is a DSpark drafter: SGLang serves it with its own DSPARK worker"):
-        validate_server_args(args)
+    ds_root = tmp_path / "dspark"
+    ds_root.mkdir()
+    (ds_root / "target").symlink_to(root / "target")
+    write_zlab_drafter(tiny_dspark_drafter(target, block_size=8, target_layer_ids=[0, 2]), ds_root / "drafter")
+    with pytest.raises(AssertionError, match="draft_vocab and branch_width are not served"):
+        serve(ds_root, "REANCHOR", ROUNDS[:1], '{"branch_width": 2}', None)
 
 
 def test_a_cpu_server_without_settings_serves_the_drafter_folders_choice(pair, tmp_path):

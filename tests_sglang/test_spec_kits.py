@@ -4,9 +4,11 @@ SGLang 0.5.23 ships in its wheel the tests its speculative algorithms are held t
 (`sglang.test.kits.spec_server_kits`) and the server fixture they mix into
 (`sglang.test.server_fixtures.spec_eagle_fixture.SpecEagleServerBase`). Here the
 kits run as they are against REANCHOR, for the default configuration and for the
-chain (``{"offsets": []}``, DFlash's draft), on a tiny random Llama with SmolLM2's
-tokenizer (the kits send text, and token ids up to 31,999) and a random DFlash
-drafter, served with the plugin's CPU attention backend (``reanchor_sdpa``).
+chain (``{"offsets": []}``, DFlash's draft) with a random DFlash drafter, and for the
+default configuration with a random Domino and a random DSpark drafter (SGLang's own
+rollouts in the worker), on a tiny random Llama with SmolLM2's tokenizer (the kits
+send text, and token ids up to 31,999), served with the plugin's CPU attention backend
+(``reanchor_sdpa``).
 
 Adaptations, each forced by CPU or by a random drafter (every other kit test and
 threshold is SGLang's own):
@@ -63,15 +65,22 @@ from sglang.test.test_utils import (  # noqa: E402
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from factories import tiny_drafter, tiny_target, write_zlab_drafter  # noqa: E402
+from factories import (  # noqa: E402
+    tiny_domino_drafter,
+    tiny_drafter,
+    tiny_dspark_drafter,
+    tiny_target,
+    write_zlab_drafter,
+)
 
 CPU_ARGS = ["--device", "cpu", "--attention-backend", "reanchor_sdpa", "--disable-cuda-graph", "--dtype", "float32",
             "--mem-fraction-static", "0.3", "--max-total-tokens", "32768", "--page-size", "1",
             "--chunked-prefill-size", "1024", "--max-running-requests", "16", "--skip-server-warmup"]
 
 
-def build_pair(root: Path) -> tuple[Path, Path]:
-    """A tiny random Llama with SmolLM2's vocabulary and tokenizer, and a random DFlash drafter for it."""
+def build_pair(root: Path, family: str = "dflash") -> tuple[Path, Path]:
+    """A tiny random Llama with SmolLM2's vocabulary and tokenizer, and a random drafter of ``family``
+    (``dflash``, ``domino`` or ``dspark``, in SGLang's checkpoint format) for it."""
     from sglang_reanchor.hub import default_target_path
 
     smollm2 = Path(default_target_path())
@@ -84,7 +93,8 @@ def build_pair(root: Path) -> tuple[Path, Path]:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (smollm2 / name).exists():
             shutil.copy(smollm2 / name, root / "target" / name)
-    drafter = tiny_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=2, mask_token_id=16)
+    make = {"dflash": tiny_drafter, "domino": tiny_domino_drafter, "dspark": tiny_dspark_drafter}[family]
+    drafter = make(target, block_size=8, target_layer_ids=[0, 2], seed=2, mask_token_id=16)
     write_zlab_drafter(drafter, root / "drafter")
     return root / "target", root / "drafter"
 
@@ -95,6 +105,7 @@ class ReAnchorKitServer(SpecEagleServerBase):
     __test__ = False  # a fixture: the Test* classes below mix the kits into it
     spec_algo = "REANCHOR"
     reanchor_config: str | None = None  # $SGLANG_REANCHOR_CONFIG for the server
+    drafter_family = "dflash"  # build_pair's drafter
     attention_backend = "reanchor_sdpa"
     dtype = "float32"
     disable_overlap = True  # REANCHOR's worker is synchronous
@@ -114,7 +125,7 @@ class ReAnchorKitServer(SpecEagleServerBase):
     @classmethod
     def setUpClass(cls):
         cls._root = Path(tempfile.mkdtemp(prefix="reanchor-kits-"))
-        target, drafter = build_pair(cls._root)
+        target, drafter = build_pair(cls._root, cls.drafter_family)
         cls.model, cls.draft_model = str(target), str(drafter)
         saved = os.environ.get("SGLANG_REANCHOR_CONFIG")
         os.environ.pop("SGLANG_REANCHOR_CONFIG", None)
@@ -280,3 +291,20 @@ class TestReAnchorChain(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KITS)
 
     reanchor_config = '{"offsets": []}'
 
+
+class TestReAnchorDomino(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KITS):
+    """REANCHOR with the default configuration and a Domino drafter (GRU correction head,
+    ``projector_type: "domino"``): its blocks rolled out by SGLang's ``domino_greedy_rollout``."""
+
+    __test__ = True
+
+    drafter_family = "domino"
+
+
+class TestReAnchorDSpark(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KITS):
+    """REANCHOR with the default configuration and a DSpark drafter (``Qwen3DSparkModel``, a
+    vanilla Markov head): its blocks rolled out by SGLang's ``draft_markov_block``."""
+
+    __test__ = True
+
+    drafter_family = "dspark"

@@ -28,7 +28,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from .settings import ENV_VAR, config_json, load_config, served_config, serving_widths
 
-__all__ = ["NAME", "ReAnchorSpecAlgo", "handle_server_args", "validate_server_args"]
+__all__ = ["NAME", "ReAnchorSpecAlgo", "draft_query_width", "handle_server_args", "is_dspark_config", "validate_server_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +108,6 @@ def validate_server_args(server_args: Any) -> None:
         problems.append("--disaggregation-mode is not supported")
     if os.environ.get("SGLANG_ENABLE_SPLITKV_VERIFY", "").lower() in ("1", "true", "yes"):
         problems.append("SGLANG_ENABLE_SPLITKV_VERIFY ignores custom verify masks; unset it")
-    if cfg.speculative_draft_model_path is not None and _is_dspark_folder(cfg.speculative_draft_model_path):
-        problems.append(
-            f"{cfg.speculative_draft_model_path} is a DSpark drafter: SGLang serves it with its own DSPARK "
-            "worker, which REANCHOR does not build on yet; the reference engine drafts with it "
-            "(SpeculativeGenerator.from_pretrained(..., drafter=folder)), or serve DFlash or Domino drafters")
     if problems:
         raise ValueError("REANCHOR: " + "; ".join(problems))
     load_config()  # a bad SGLANG_REANCHOR_CONFIG fails at launch, naming the field
@@ -136,6 +131,12 @@ def _folder_config(path: str | None) -> dict[str, Any]:
 def _is_domino_folder(path: str | None) -> bool:
     dflash = _folder_config(path).get("dflash_config") or {}
     return isinstance(dflash, dict) and dflash.get("projector_type") == "domino"
+
+
+def _has_own_rollout(path: str | None) -> bool:
+    """Whether a local drafter folder's head rolls its drafts out slot after slot over the whole
+    vocabulary (Domino, DSpark): such servers run no ``draft_vocab`` and no branching."""
+    return _is_domino_folder(path) or (path is not None and _is_dspark_folder(path))
 
 
 def _target_dtype(cfg: Any) -> str:
@@ -170,7 +171,7 @@ def handle_server_args(server_args: Any) -> None:
     validate_server_args(server_args)
     cfg = resolving_view(server_args)
     served = served_config(str(cfg.device or "cuda"), _target_dtype(cfg), cfg.speculative_draft_model_path,
-                           tp_size=int(cfg.tp_size or 1), full_vocab_only=_is_domino_folder(cfg.speculative_draft_model_path))
+                           tp_size=int(cfg.tp_size or 1), full_vocab_only=_has_own_rollout(cfg.speculative_draft_model_path))
     config = served.config
     if served.source == "shipped":  # the schedulers this process spawns read the same config (settings.py)
         os.environ[ENV_VAR] = config_json(config)
@@ -232,8 +233,7 @@ def _user_value(server_args: Any, name: str) -> Any:
 
 
 def _draft_block_size(cfg: Any) -> int:
-    """The drafter's block size from its config.json (16 when it does not say)."""
-    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    """Query slots per draft block of the drafter ``cfg`` points at (`draft_query_width`)."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     hf_config = get_config(
@@ -241,4 +241,27 @@ def _draft_block_size(cfg: Any) -> int:
         trust_remote_code=bool(cfg.trust_remote_code),
         revision=getattr(cfg, "speculative_draft_model_revision", None),
     )
-    return int(parse_dflash_draft_config(draft_hf_config=hf_config).resolve_block_size(default=16))
+    return draft_query_width(hf_config)
+
+
+def is_dspark_config(hf_config: Any) -> bool:
+    """Whether a drafter's Hugging Face config names one of SGLang's DSpark draft classes."""
+    return any("DSpark" in str(a) for a in getattr(hf_config, "architectures", None) or [])
+
+
+def draft_query_width(hf_config: Any) -> int:
+    """Query slots of one draft block ``[anchor, MASK x (W-1)]``: the config's block size (16 when it
+    does not say); for a DSpark drafter its ``gamma``, plus one when it does not sample from the
+    anchor's slot (SGLang's ``query_token_num``). The launcher reserves for it, the worker drafts it."""
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    block = int(parse_dflash_draft_config(draft_hf_config=hf_config).resolve_block_size(default=16))
+    if not is_dspark_config(hf_config):
+        return block
+    from sglang.srt.speculative.dspark_components.dspark_config import (
+        get_dspark_sample_from_anchor,
+        parse_dspark_draft_config,
+    )
+
+    gamma = int(parse_dspark_draft_config(draft_hf_config=hf_config).resolve_gamma(default=block))
+    return gamma + (0 if get_dspark_sample_from_anchor(hf_config) else 1)

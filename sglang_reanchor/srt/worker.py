@@ -48,7 +48,6 @@ from sglang.srt.model_executor.forward_batch_info import (
     get_server_return_hidden_states_mode,
 )
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
 from sglang.srt.speculative.dflash_worker_v2 import (
     DFlashWorkerV2,
     _resolve_dflash_embedding_module,
@@ -75,6 +74,7 @@ from .node_sampling import adjust_node_logits, node_picks
 from .outputs import attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
 from .request_checks import mark_active
 from .settings import load_config, serving_widths
+from .spec import draft_query_width, is_dspark_config
 
 __all__ = ["ReAnchorWorker"]
 
@@ -132,11 +132,12 @@ class ReAnchorWorker(DFlashWorkerV2):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         mark_active()  # this scheduler now refuses what REANCHOR cannot serve (request_checks)
         if self.selector is not None or self.lilicorr is not None:
-            raise ValueError("REANCHOR drafts with DFlash and Domino drafters (no selector or LiLiCorr head)")
+            raise ValueError("REANCHOR drafts with DFlash, Domino and DSpark drafters (no selector or LiLiCorr head)")
         # DFlashWorkerV2 took speculative_num_draft_tokens (our reservation) as the
-        # block size; restore the drafter's own.
+        # block size; restore the drafter's own query width (a DSpark drafter's may be gamma + 1).
         hf_config = self.draft_model_runner.model_config.hf_config
-        block = int(parse_dflash_draft_config(draft_hf_config=hf_config).resolve_block_size(default=16))
+        self._is_dspark = is_dspark_config(hf_config)
+        block = draft_query_width(hf_config)
         self.block_size = block
         self.draft_model.set_block_size(block)
         self._block_pos_offsets = build_block_pos_offsets(length=block, device=self.device)
@@ -163,9 +164,10 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         self._trace_path = os.environ.get(TRACE_ENV, "")
         self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
-        if self._is_domino and (self._draft_vocab is not None or self.reanchor.branch_width):
-            raise ValueError("REANCHOR with a Domino drafter: draft_vocab and branch_width are not served "
-                             "(Domino's rollout corrects drafts over the whole vocabulary, slot after slot)")
+        if (self._is_domino or self._is_dspark) and (self._draft_vocab is not None or self.reanchor.branch_width):
+            family = "Domino" if self._is_domino else "DSpark"
+            raise ValueError(f"REANCHOR with a {family} drafter: draft_vocab and branch_width are not served "
+                             f"({family}'s rollout corrects drafts over the whole vocabulary, slot after slot)")
         self._draft_vocab_head: DraftVocabHead | None = None  # built at the first draft (the LM head exists then)
         self._batch_budget = self._load_batch_budget()
         # the budget learns this server's own round times where they are host wall time (CPU) and
@@ -509,6 +511,8 @@ class ReAnchorWorker(DFlashWorkerV2):
             n = self._num_drafts  # the LM head skips the slots past max_depth
             if self._is_domino:  # every block rolled out from its own anchor by SGLang's Domino rollout
                 drafts = self._domino_drafts(hidden, ids.view(bs, -1, block)[:, :, 0], embed, lm_head)[:, :, :n]
+            elif self._is_dspark:  # ... by SGLang's DSpark Markov rollout
+                drafts = self._dspark_drafts(hidden, ids.view(bs, -1, block)[:, :, 0], embed, lm_head, n)
             else:
                 drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head)
                 drafts = drafts.view(bs, -1, n)
@@ -542,6 +546,30 @@ class ReAnchorWorker(DFlashWorkerV2):
             in_cuda_graph=False,
         )
         return drafts.view(bs, rows, block - 1)
+
+    def _dspark_drafts(self, hidden: torch.Tensor, anchors: torch.Tensor, embed: Any, lm_head: Any,
+                       n: int) -> torch.Tensor:
+        """DSpark's first ``n`` drafts of every block (``hidden [bs, R, W, H]``, ``anchors [bs, R]``) ->
+        ``[bs, R, n]``: base logits of the proposal slots by SGLang's ``compute_base_logits`` (the target's
+        LM head, TP-gathered), the Markov head's greedy rollout by its ``draft_markov_block``, the ``R``
+        blocks of each request as rows. The proposal slots start at the anchor's when the drafter
+        samples from it, else one later; a rollout's first ``n`` drafts read only its first ``n`` slots."""
+        from sglang.srt.speculative.dspark_components.dspark_draft import DraftNoise, draft_markov_block
+
+        model = self.draft_model
+        if model.lm_head is None:  # SGLang's DSPARK worker attaches the target's modules the same way
+            model.attach_shared_modules(embed_tokens=embed, lm_head=lm_head)
+        bs, rows, _, dim = hidden.shape
+        start = 0 if model.sample_from_anchor else 1
+        slots = hidden[:, :, start:start + n].reshape(bs * rows, n, dim)
+        base, _ = model.compute_base_logits(slots.reshape(bs * rows * n, dim))
+        drafts, _ = draft_markov_block(
+            markov_head=model.markov_head, base_logits=base.view(bs * rows, n, -1), anchor_tokens=anchors.reshape(-1),
+            draft_hidden=slots, step_temperatures=torch.zeros(bs * rows, device=hidden.device),
+            noise=DraftNoise(key=0, offset=torch.zeros(1, dtype=torch.int64, device=hidden.device)),  # unused: greedy
+            tp_sync=self._tp_sync, greedy_draft=True,
+        )
+        return drafts.view(bs, rows, n)
 
     def _greedy_drafts(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
         """The argmax draft of each row of ``hidden`` (``[M, H]``): over the whole vocabulary (TP-safe,

@@ -165,7 +165,8 @@ def _cmd_fit(args: argparse.Namespace) -> None:
         else args.autocast == "on",
         max_offset=args.max_offset, draft_vocab=args.draft_vocab, mix=_parse_mix(args.mix),
         save_minutes=args.save_minutes, snapshot_every=args.snapshot_every, val_anchors=args.val_anchors,
-        val_max_offset=args.val_max_offset, reload_every=args.reload_every, stop_at=args.stop_at)
+        val_max_offset=args.val_max_offset, reload_every=args.reload_every, stop_at=args.stop_at,
+        head_only=args.head_only)
     fit(model, tok, config, args.data, args.out, settings, resume=args.resume, init_from=args.init_from,
         val_data=args.val_data)
 
@@ -219,6 +220,21 @@ def _cmd_draft_vocab(args: argparse.Namespace) -> None:
              for k in (2048, 4096, 8192, 16384) if k <= ranking.numel()}
     print(f"{ranking.numel()} tokens ranked from {responses.numel()} response tokens -> {path}; "
           f"share of response tokens covered by the top K: {share}")
+
+
+def _cmd_add_head(args: argparse.Namespace) -> None:
+    from ..drafter import DFlashDrafter
+    from .heads import with_dspark_head
+
+    drafter = DFlashDrafter.from_pretrained(args.drafter)
+    dspark = with_dspark_head(drafter, args.markov_rank, args.markov_head_type, seed=args.seed)
+    dspark.save_pretrained(args.out)
+    sidecar = Path(args.drafter) / "training.json"  # the backbone's training, so `fit` keeps counting
+    if sidecar.exists():
+        (Path(args.out) / "training.json").write_text(sidecar.read_text())
+    print(f"{args.out}: DSpark drafter ({args.markov_head_type} Markov head, rank {args.markov_rank}, gamma "
+          f"{dspark.gamma}, DFlash's query layout) on the backbone of {args.drafter}; its bias starts at zero. "
+          f"Train the head with `fit --init-from {args.out} --head-only`")
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
@@ -334,7 +350,18 @@ def main(argv: list[str] | None = None) -> None:
                    "(resume later with --resume; the schedule stays over --steps)")
     f.add_argument("--reload-every", type=int, default=0, metavar="N", help="every N steps, pick up shards a "
                    "running `data` build has written since (0: never)")
+    f.add_argument("--head-only", action="store_true", help="train only the family head of an --init-from "
+                   "DSpark drafter (its Markov head); the backbone stays frozen")
     f.set_defaults(func=_cmd_fit)
+
+    h = sub.add_parser("add-head", help="a DSpark drafter folder from a DFlash one: the same backbone and a new "
+                       "Markov head whose bias starts at zero (train it with `fit --head-only`)")
+    h.add_argument("--drafter", required=True, metavar="DIR", help="a DFlash drafter folder (the backbone)")
+    h.add_argument("--out", required=True, metavar="DIR")
+    h.add_argument("--markov-rank", type=int, default=64)
+    h.add_argument("--markov-head-type", choices=("vanilla", "gated", "rnn"), default="gated")
+    h.add_argument("--seed", type=int, default=0)
+    h.set_defaults(func=_cmd_add_head)
 
     t = sub.add_parser("validate", help="teacher-forced block acceptance of drafter folders on held-out "
                        "sequences (mean +- SE, per group, paired differences against the first)")

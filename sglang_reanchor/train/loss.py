@@ -130,7 +130,7 @@ def slot_weights(block_size: int, gamma: float, device: torch.device | None = No
 
 def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float,
                 chunk_tokens: int = 1024, sample_slots: torch.Generator | None = None,
-                label_map: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                label_map: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Weighted cross-entropy over the supervised slots, logits only where needed.
 
     Parameters
@@ -154,6 +154,9 @@ def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float
         ``[V]`` long: a target token's row in the reduced head, ``-1`` outside it. The
         cross-entropy is then over the ``K`` draft-vocabulary tokens, and a slot whose
         label is outside them is not scored (a reduced-head draft can never match it).
+    bias : Tensor or None
+        ``[bs, N, B-1, V']``: added to the logits of each slot (a DSpark Markov head's,
+        `heads.markov_bias`; ``V'`` the head's rows, the reduced ones with ``label_map``).
 
     Returns
     -------
@@ -176,18 +179,22 @@ def dflash_loss(hidden: Tensor, labels: Tensor, lm_head: nn.Module, gamma: float
         keep = labelled & (draw < weights)
         weights = torch.ones_like(weights)
     h, y, w = h[keep], labels[keep], weights[keep]  # [M, H], [M], [M]
+    b = None if bias is None else bias[keep]  # [M, V']
     slot = torch.arange(width, device=hidden.device).expand(bs, n, width)[keep]
 
-    def chunk_ce(hc: Tensor, yc: Tensor) -> tuple[Tensor, Tensor]:
+    def chunk_ce(hc: Tensor, yc: Tensor, bc: Tensor | None = None) -> tuple[Tensor, Tensor]:
         logits = lm_head(hc).float()
+        if bc is not None:
+            logits = logits + bc.float()
         return F.cross_entropy(logits, yc, reduction="none"), (logits.argmax(-1) == yc)
 
     ces, hits = [], []
     many = h.shape[0] > chunk_tokens
     for s in range(0, h.shape[0], chunk_tokens):
         hc, yc = h[s: s + chunk_tokens], y[s: s + chunk_tokens]
-        ce, hit = (checkpoint(chunk_ce, hc, yc, use_reentrant=False) if many and torch.is_grad_enabled()
-                   else chunk_ce(hc, yc))
+        bc = None if b is None else b[s: s + chunk_tokens]
+        ce, hit = (checkpoint(chunk_ce, hc, yc, bc, use_reentrant=False) if many and torch.is_grad_enabled()
+                   else chunk_ce(hc, yc, bc))
         ces.append(ce)
         hits.append(hit)
     if not ces:  # nothing scored (every label outside the head, or none): a zero that still backpropagates

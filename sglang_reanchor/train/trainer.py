@@ -38,8 +38,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..drafter import DFlashConfig, DFlashDrafter
 from ..drafter.draft_vocab import DraftVocabHead, save_draft_vocab
+from ..drafter.dspark import DSparkDrafter
+from ..drafter.families import drafter_class
 from .curve import training_curve
 from .data import Sequences, chat_ids, load_sequences
+from .heads import head_parameters, markov_bias, teacher_forced_prev
 from .loss import IGNORE, block_inputs, block_labels, block_mask, dflash_loss, sample_anchors, vocab_rows
 from .sampler import GroupSampler
 from .selection import group_folders
@@ -77,6 +80,7 @@ class TrainSettings:
     val_max_offset: int | None = 95  # ... drawn below this response position (a 96-token decode)
     reload_every: int = 0  # every N steps, pick up shards written since (a data build still running)
     stop_at: int | None = None  # end this sitting at this step (the schedule stays over total_steps)
+    head_only: bool = False  # train only a family head (DSpark's Markov head); the backbone stays frozen
 
 
 def init_from_target(drafter: DFlashDrafter, target: PreTrainedModel) -> None:
@@ -123,7 +127,19 @@ class Trainer:
             raise ValueError(f"groups has {len(groups)} entries for {len(data)} sequences")
         self.sampler = GroupSampler(groups or ["all"] * len(data), None if settings.mix is None
                                     else dict(settings.mix), settings.seed)
-        self.opt = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95),
+        if isinstance(drafter, DSparkDrafter) and drafter.dspark.sample_from_anchor:
+            raise ValueError("training a DSpark drafter needs sample_from_anchor = false (DFlash's query layout, "
+                             "slot k predicts x[a + k]); `train add-head` writes one")
+        if not isinstance(drafter, (DSparkDrafter,)) and type(drafter) is not DFlashDrafter:
+            raise ValueError(f"training covers DFlash and DSpark drafters, not {drafter.family_name} ones")
+        if settings.head_only:
+            trained = head_parameters(drafter)
+            for p in drafter.parameters():
+                p.requires_grad_(False)
+            for p in trained:
+                p.requires_grad_(True)
+        self.trained = [p for p in drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.trained, lr=settings.lr, betas=(0.9, 0.95),
                                      weight_decay=settings.weight_decay, fused=True)
         self.step_count = 0
 
@@ -167,10 +183,20 @@ class Trainer:
         q_ids, q_pos = block_inputs(ids, anchors, d.block_size, d.mask_token_id)
         with torch.no_grad():
             q_emb = self.embed(q_ids)
-        hidden = d(q_emb, q_pos, context, block_mask(anchors, width, d.block_size))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.settings.head_only):
+            hidden = d(q_emb, q_pos, context, block_mask(anchors, width, d.block_size))
         labels = block_labels(ids, anchors, lens, d.block_size)
+        bias = None
+        if isinstance(d, DSparkDrafter):  # the Markov head, teacher-forced, over the rows the loss scores
+            n = d.block_size - 1
+            slots = hidden.view(bs, -1, d.block_size, hidden.shape[-1])[:, :, 1:]  # [bs, N, n, H]
+            prev = teacher_forced_prev(q_ids.view(bs, -1, d.block_size)[:, :, 0], labels)
+            w2 = d.markov_head.markov_w2.weight
+            w2 = w2 if self.head_ids is None else w2[self.head_ids.to(w2.device)]
+            bias = markov_bias(d.markov_head, slots.reshape(-1, n, slots.shape[-1]), prev.reshape(-1, n), w2)
+            bias = bias.view(*labels.shape, -1)
         return dflash_loss(hidden, labels, self.head, self.settings.gamma, self.settings.chunk_tokens,
-                           sample_slots=slot_generator, label_map=self.label_map)
+                           sample_slots=slot_generator, label_map=self.label_map, bias=bias)
 
     def _autocast(self) -> torch.autocast:
         dev = self.drafter.fc.weight.device.type
@@ -191,7 +217,7 @@ class Trainer:
             loss, acc = self.loss_on(ids, feats, lens, anchors, slot_generator=slots)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.settings.clip)
+        torch.nn.utils.clip_grad_norm_(self.trained, self.settings.clip)
         self.opt.step()
         self.step_count += 1
         labelled = int((block_labels(ids, anchors, lens, self.drafter.block_size) != IGNORE).sum())
@@ -201,7 +227,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         ranking = self.drafter.vocab_ranking
         return {"drafter": self.drafter.state_dict(), "optimizer": self.opt.state_dict(),
-                "step": self.step_count, "config": self.drafter.config.to_dict(),
+                "step": self.step_count, "config": self.drafter.config_dict(),  # config.json: the family's too
                 "settings": dataclasses.asdict(self.settings), "cursor": self.sampler.state_dict(),
                 "vocab_ranking": None if ranking is None else ranking.clone()}
 
@@ -273,7 +299,7 @@ def fit(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DFl
     elapsed, labels_seen = 0.0, 0
     if resume and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
-        drafter = DFlashDrafter(DFlashConfig.from_dict(state["config"])).to(torch.float32)
+        drafter = drafter_from_config(state["config"]).to(torch.float32)
         drafter.vocab_ranking = state.get("vocab_ranking")
         trainer = Trainer(target, drafter, data, settings, groups)
         trainer.load_state_dict(state)
@@ -344,6 +370,12 @@ def fit(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: DFl
     return out
 
 
+def drafter_from_config(raw: dict[str, Any]) -> DFlashDrafter:
+    """A fresh drafter of the family a checkpoint's ``config.json`` dict describes (a DFlash
+    config dict, as runs before family heads stored, loads as DFlash)."""
+    return drafter_class(raw)._from_raw(raw)
+
+
 def _shard_count(dirs: Sequence[str | Path]) -> int:
     return sum(1 for d in dirs for _ in Path(d).glob("shard_*.safetensors"))
 
@@ -372,8 +404,7 @@ def export(ckpt: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat1
     labelled slots seen, training settings, data cursor) so a later run can continue
     from it (`fit` with ``init_from``) and keep counting."""
     state = torch.load(ckpt, weights_only=False, map_location="cpu")
-    config = DFlashConfig.from_dict(state["config"])
-    drafter = DFlashDrafter(config).to(state["drafter"]["fc.weight"].dtype)  # load at full precision
+    drafter = drafter_from_config(state["config"]).to(state["drafter"]["fc.weight"].dtype)  # at full precision
     drafter.load_state_dict(state["drafter"])
     drafter = drafter.to(dtype)
     drafter.save_pretrained(out)

@@ -1,0 +1,113 @@
+"""Training DSpark Markov heads on a frozen DFlash backbone (`train.heads`, ``fit --head-only``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from factories import random_sequences, tiny_domino_drafter, tiny_drafter, tiny_dspark_drafter, tiny_target
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_reanchor.drafter import DFlashDrafter
+from sglang_reanchor.drafter.draft_vocab import DraftVocabHead
+from sglang_reanchor.drafter.dspark import DSparkDrafter
+from sglang_reanchor.engine import SpeculativeGenerator
+from sglang_reanchor.train.acceptance import draft_blocks
+from sglang_reanchor.train.heads import with_dspark_head
+from sglang_reanchor.train.loss import IGNORE
+from sglang_reanchor.train.trainer import Trainer, TrainSettings, drafter_from_config, export
+
+B = 8
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_target("llama", num_layers=4)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_a_new_dspark_head_drafts_what_its_backbone_drafts(target, tmp_path, kind) -> None:
+    """`with_dspark_head`: same backbone, DFlash's query layout, a zero bias: every round of
+    ReAnchor decoding equals the backbone's; the folder loads back as that DSpark drafter."""
+    backbone = tiny_drafter(target, block_size=B, target_layer_ids=[1, 2], seed=3)
+    dspark = with_dspark_head(backbone, markov_rank=4, markov_head_type=kind)
+    assert type(dspark) is DSparkDrafter and dspark.block_size == B and dspark.gamma == B - 1
+    assert not dspark.dspark.sample_from_anchor and dspark.confidence_head is None
+    prompt = [1, 5, 9, 4, 12, 7, 3]
+    ours = SpeculativeGenerator(target, dspark).generate(prompt, 24, method="reanchor", trace=True)
+    base = SpeculativeGenerator(target, backbone).generate(prompt, 24, method="reanchor", trace=True)
+    assert ours.tokens == base.tokens and ours.acceptance_lengths == base.acceptance_lengths
+    assert all(torch.equal(a.blocks, b.blocks) for a, b in zip(ours.rounds, base.rounds, strict=True))
+    dspark.save_pretrained(tmp_path)
+    loaded = DFlashDrafter.from_pretrained(tmp_path)
+    assert type(loaded) is DSparkDrafter and loaded.dspark == dspark.dspark and loaded.block_size == B
+
+
+def test_with_dspark_head_refuses_what_it_cannot_build(target) -> None:
+    with pytest.raises(ValueError, match="takes a DFlash drafter"):
+        with_dspark_head(tiny_domino_drafter(target, target_layer_ids=[1, 2]), 4)
+    with pytest.raises(ValueError, match="markov_head_type must be one of"):
+        with_dspark_head(tiny_drafter(target, target_layer_ids=[1, 2]), 4, "lstm")
+
+
+@settings(max_examples=12, deadline=None)
+@given(kind=st.sampled_from(["vanilla", "gated", "rnn"]), reduced=st.booleans(), seed=st.integers(0, 50),
+       cut=st.integers(0, B - 2))
+def test_teacher_forced_dspark_drafts_equal_its_rollout(kind, reduced, seed, cut) -> None:
+    """The validation's teacher-forced Markov bias is the rollout's: with labels equal to the
+    head's own rollout except at slot ``cut``, every block's drafts equal the rollout's through
+    ``cut`` (the slot the labels first differ at is still drafted from true previous tokens)."""
+    target = tiny_target("llama", vocab_size=24, num_layers=3, seed=4)
+    drafter = tiny_dspark_drafter(target, block_size=B - 1, target_layer_ids=[0, 1], seed=seed, markov_head_type=kind,
+                                  markov_rank=5, sample_from_anchor=False)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 24, (2, 20), generator=g)
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[1], hs[2]], -1)
+    anchors = torch.tensor([[3, 9, 14], [5, 6, -1]])
+    vocab = torch.tensor([3, 7, 8, 11, 4, 15, 20, 6, 9, 12, 13, 5, 21, 22]) if reduced else None
+    lm_head = target.get_output_embeddings()
+    head = lm_head if vocab is None else DraftVocabHead(lm_head, vocab)
+    embed = target.get_input_embeddings()
+    free = draft_blocks(drafter, embed, head, ids, feats, anchors, vocab)  # the rollout, [2, 3, B-1]
+    labels = free.clone()
+    labels[:, :, cut] = torch.where(free[:, :, cut] == 3, 4, 3)  # differs from the draft at slot `cut`
+    labels[anchors < 0] = IGNORE
+    forced = draft_blocks(drafter, embed, head, ids, feats, anchors, vocab, labels=labels)
+    live = anchors >= 0
+    assert torch.equal(forced[live][:, : cut + 1], free[live][:, : cut + 1])
+    assert (forced[live][:, cut + 1:] == -1).all()  # not reached
+
+
+def test_a_head_only_run_trains_the_markov_head_and_nothing_else(target, tmp_path) -> None:
+    backbone = tiny_drafter(target, block_size=B, target_layer_ids=[1, 2], seed=1).train()
+    backbone.vocab_ranking = torch.arange(3, 32).flip(0)
+    data = random_sequences(target, 8, seed=2, dtype=torch.bfloat16)
+    s = TrainSettings(lr=3e-2, warmup_steps=1, total_steps=12, batch_seqs=8, anchors_per_seq=6, gamma=2.0,
+                      sample_slots=False, draft_vocab=20, autocast=False, head_only=True)
+    with pytest.raises(ValueError, match="trains a DSpark drafter's Markov head"):
+        Trainer(target, backbone, data, s)
+    dspark = with_dspark_head(backbone, markov_rank=6, markov_head_type="gated").train()
+    before = {k: v.clone() for k, v in dspark.state_dict().items()}
+    trainer = Trainer(target, dspark, data, s)
+    batch = trainer.batch(0)
+    with torch.no_grad():
+        loss0, _ = trainer.loss_on(*batch)
+    for _ in range(12):
+        trainer.step()
+    with torch.no_grad():
+        loss1, _ = trainer.loss_on(*batch)
+    after = dspark.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("markov_head.") for k in changed)
+    assert float(loss1) < float(loss0) - 0.05  # the head learns the data's bigrams
+    # checkpoints carry the family: resume and export rebuild a DSpark drafter
+    state = trainer.state_dict()
+    assert type(drafter_from_config(state["config"])) is DSparkDrafter
+    torch.save({**state, "labels_seen": 0}, tmp_path / "ckpt.pt")
+    folder = export(tmp_path / "ckpt.pt", tmp_path / "out", dtype=torch.float32)
+    loaded = DFlashDrafter.from_pretrained(folder)
+    assert type(loaded) is DSparkDrafter
+    assert torch.equal(loaded.markov_head.markov_w2.weight, dspark.markov_head.markov_w2.weight.float())
+    assert torch.equal(loaded.vocab_ranking, backbone.vocab_ranking)
