@@ -332,6 +332,34 @@ def test_cost_profile_curve_and_defaults(pair, tmp_path):
     assert len({r.tokens for r in recs}) == 1  # same output
 
 
+def test_methods_pick_their_drafter_by_name(pair):
+    """``drafter=NAME``: a method drafts with that extra drafter (a DSpark one here), the others with
+    the run's; each method's rounds are those of a generator built on its own drafter."""
+    from factories import tiny_dspark_drafter
+
+    target, drafter = pair
+    other = tiny_dspark_drafter(target, block_size=3, seed=5, markov_rank=3, sample_from_anchor=False)
+    specs = parse_methods(["target", "dflash", "dflash:drafter=ds", "reanchor:drafter=ds,policy=offset"])
+    assert [s.drafter for s in specs] == [None, None, "ds", "ds"]
+    runner = Runner(target, drafter, specs, ReAnchorConfig(offsets=(1, 2)), _codec, str,
+                    BenchSettings(max_new_tokens=12, warmup=False), drafters={"ds": other})
+    assert runner.generators["dflash:drafter=ds"].drafter is other
+    assert runner.generators["dflash"].drafter is drafter
+    records = {r.method: r for r in runner.run([Sample("d", "0", ("hi",))])}
+    ids = _codec([{"role": "user", "content": "hi"}])
+    for label, own, method in (("dflash", drafter, "dflash"), ("dflash:drafter=ds", other, "dflash"),
+                               ("reanchor:drafter=ds,policy=offset", other, "reanchor")):
+        ref = SpeculativeGenerator(target, own, ReAnchorConfig(offsets=(1, 2), policy="offset")
+                                   if method == "reanchor" else ReAnchorConfig(offsets=(1, 2)))
+        want = ref.generate(ids, 12, method=method)
+        assert records[label].token_ids == want.tokens and records[label].taus == want.acceptance_lengths, label
+    with pytest.raises(ValueError, match="no drafter named 'nope'"):
+        Runner(target, drafter, parse_methods(["dflash:drafter=nope"]), ReAnchorConfig(), _codec, str,
+               BenchSettings(max_new_tokens=4))
+    with pytest.raises(ValueError, match="drafter takes an --extra-drafter name"):
+        MethodSpec.parse("target:drafter=ds")
+
+
 def test_cli_defaults():
     assert cost.interpolate({1: 1.0, 3: 3.0}, 2) == 2.0
     args = parse_args(["--limit", "2", "--out", "x", "--methods", "target", "reanchor:policy=random"])

@@ -79,6 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="compare methods (default)")
     _common(run)
+    run.add_argument("--extra-drafter", action="append", default=[], metavar="NAME=DIR",
+                     help="a further drafter folder, used by methods with drafter=NAME (e.g. dflash:drafter=NAME)")
     run.add_argument("--methods", nargs="+", default=["target", "dflash", "reanchor"],
                      help="specs METHOD[:KEY=VAL,...], e.g. reanchor:policy=offset or reanchor:offsets=1/2")
     run.add_argument("--ablations", action="store_true", help="add the Table 4/6/7 variants")
@@ -143,6 +145,21 @@ def load_pair(args: argparse.Namespace):
     return target, drafter, tokenizer, getattr(drafter, "provenance", "")
 
 
+def load_extra_drafters(items: list[str], target: torch.nn.Module) -> dict:
+    """``NAME=DIR`` items (``--extra-drafter``) -> drafters by name, in the target's device and dtype."""
+    from ..drafter import DFlashDrafter
+
+    out = {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise SystemExit(f"--extra-drafter {item!r}: expected NAME=DIR")
+        if name in out:
+            raise SystemExit(f"--extra-drafter: the name {name!r} is given twice")
+        out[name] = DFlashDrafter.from_pretrained(path, device=target.device, dtype=target.dtype)
+    return out
+
+
 def _codecs(tokenizer):
     def encode(messages: list[dict[str, str]]) -> list[int]:
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
@@ -179,11 +196,14 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     target, drafter, tokenizer, provenance = load_pair(args)
     encode, decode = _codecs(tokenizer)
     profile = cost_mod.CostProfile.load(args.profile) if args.profile else None
+    extra = load_extra_drafters(args.extra_drafter, target)
     runner = Runner(target, drafter, specs, base, encode, decode, _settings(args, args.diagnostic, not args.no_trace),
-                    profile=profile)
+                    profile=profile, drafters=extra)
     print(f"drafter: {provenance}\nbase config: {base}\n{len(samples)} samples x {len(specs)} methods", flush=True)
     records = runner.run(samples)
     meta = _meta(args, argv, provenance, base)
+    if extra:
+        meta["extra_drafters"] = dict(item.split("=", 1) for item in args.extra_drafter)
     meta["description"] = (f"Target {meta['target']}; drafter: {provenance}. T={args.temperature}, "
                            f"max_new_tokens={args.max_new_tokens}, base config {base}. "
                            "tau = accepted drafts + 1 per round, mean per response then over responses; "

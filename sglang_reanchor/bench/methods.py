@@ -10,7 +10,9 @@ run's ``--dtype`` (any method; e.g. ``target:dtype=bfloat16`` measures plain dec
 in both); ``draft_vocab=K`` drafts over the drafter's ``K`` most frequent target tokens
 (its folder's ``draft_vocab.safetensors``; `sglang_reanchor.drafter.draft_vocab`);
 ``max_depth=n`` verifies drafts down to depth ``n`` only and ``draft_slots=W`` drafts
-blocks of ``W`` query slots (both for ``dflash`` and ``reanchor``). The spec string is the method's label in every table. `ABLATIONS` are the
+blocks of ``W`` query slots (both for ``dflash`` and ``reanchor``); ``drafter=NAME`` drafts
+with a drafter named by ``--extra-drafter NAME=DIR`` instead of ``--drafter`` (so several
+drafters compare in one run). The spec string is the method's label in every table. `ABLATIONS` are the
 paper's Tables 4, 6 and 7.
 
 >>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
@@ -26,6 +28,8 @@ True
 8192
 >>> MethodSpec.parse("reanchor:offsets=,branch_width=2,branch_temperature=1.5").config(ReAnchorConfig()).branch_width
 2
+>>> MethodSpec.parse("dflash:drafter=dspark,max_depth=3").drafter
+'dspark'
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class MethodSpec:
     auto_budget: bool = False  # node_budget=auto: chosen per round from a cost profile
     dtype: str | None = None  # precision of this method's models (None: the run's --dtype)
     draft_vocab: int | None = None  # draft over the drafter's K most frequent tokens (None: all)
+    drafter: str | None = None  # an --extra-drafter's name (None: the run's --drafter)
 
     @staticmethod
     def parse(text: str) -> MethodSpec:
@@ -70,13 +75,18 @@ class MethodSpec:
             raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}")
         allowed = {f.name for f in fields(ReAnchorConfig)}
         changes: dict[str, object] = {}
-        auto, dtype, vocab = False, None, None
+        auto, dtype, vocab, drafter = False, None, None, None
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             if key == "dtype" and eq:
                 if value not in DTYPES:
                     raise ValueError(f"method spec {text!r}: dtype must be one of {', '.join(DTYPES)}")
                 dtype = value
+                continue
+            if key == "drafter" and eq:
+                if method == "target" or not value:
+                    raise ValueError(f"method spec {text!r}: drafter takes an --extra-drafter name (dflash, reanchor)")
+                drafter = value
                 continue
             if key == "draft_vocab" and eq:
                 if method == "target" or not value.isdigit() or int(value) < 1:
@@ -99,7 +109,7 @@ class MethodSpec:
         except (TypeError, ValueError) as err:
             raise ValueError(f"method spec {text!r}: {err}") from None
         return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto, dtype=dtype,
-                          draft_vocab=vocab)
+                          draft_vocab=vocab, drafter=drafter)
 
     def config(self, base: ReAnchorConfig) -> ReAnchorConfig:
         """``base`` with this spec's changes (validated by `ReAnchorConfig`)."""

@@ -72,23 +72,35 @@ class Runner:
         Chat messages -> prompt token ids (chat template applied); new ids -> text.
     profile:
         Measured costs; required by ``node_budget=auto`` specs (their budget policy).
+    drafters:
+        Further drafters by name, for specs with ``drafter=NAME``.
     """
 
     def __init__(self, target: torch.nn.Module, drafter: DFlashDrafter, specs: Sequence[MethodSpec],
                  base_config: ReAnchorConfig, encode: Encode, decode: Decode, settings: BenchSettings,
-                 profile: CostProfile | None = None) -> None:
+                 profile: CostProfile | None = None, drafters: dict[str, DFlashDrafter] | None = None) -> None:
         if not specs:
             raise ValueError("at least one method is needed")
+        named = {None: drafter, **(drafters or {})}
         self.specs = list(specs)
         self.encode, self.decode, self.settings = encode, decode, settings
         self.generators = {}
         self._copies: dict[torch.dtype, torch.nn.Module] = {}
         self.dtypes: dict[str, str] = {}
-        pairs: dict[torch.dtype, tuple[torch.nn.Module, DFlashDrafter]] = {target.dtype: (target, drafter)}
+        targets: dict[torch.dtype, torch.nn.Module] = {target.dtype: target}
+        pairs: dict[tuple[torch.dtype, str | None], tuple[torch.nn.Module, DFlashDrafter]] = {}
         for s in specs:
+            if s.drafter not in named:
+                raise ValueError(f"method {s.label!r}: no drafter named {s.drafter!r} (--extra-drafter NAME=DIR; "
+                                 f"given: {', '.join(str(k) for k in named if k is not None) or 'none'})")
             dtype = getattr(torch, s.dtype) if s.dtype else target.dtype
-            if dtype not in pairs:  # a copy of both models in this method's precision
-                pairs[dtype] = (copy.deepcopy(target).to(dtype), copy.deepcopy(drafter).to(dtype))
+            if dtype not in targets:  # a copy of the target in this method's precision
+                targets[dtype] = copy.deepcopy(target).to(dtype)
+            key = (dtype, s.drafter)
+            if key not in pairs:
+                own = named[s.drafter]
+                pairs[key] = (targets[dtype], own if own.fc.weight.dtype == dtype else copy.deepcopy(own).to(dtype))
+            drafter_s = pairs[key][1]
             self.dtypes[s.label] = str(dtype).removeprefix("torch.")
             config, policy = s.config(base_config), None
             if s.auto_budget:
@@ -98,11 +110,11 @@ class Runner:
                 policy = profile.budget_policy(config.offsets)
             vocab = None
             if s.draft_vocab is not None:
-                if drafter.vocab_ranking is None:
+                if drafter_s.vocab_ranking is None:
                     raise ValueError(f"method {s.label!r}: the drafter folder has no draft_vocab.safetensors "
                                      "(write one with `python -m sglang_reanchor.train draft-vocab`)")
-                vocab = top_tokens(drafter.vocab_ranking, s.draft_vocab, "the drafter's draft vocabulary")
-            self.generators[s.label] = SpeculativeGenerator(*pairs[dtype], config, budget_policy=policy,
+                vocab = top_tokens(drafter_s.vocab_ranking, s.draft_vocab, "the drafter's draft vocabulary")
+            self.generators[s.label] = SpeculativeGenerator(*pairs[key], config, budget_policy=policy,
                                                             draft_vocab=vocab)
         self.diagnostic = analysis.diagnostic_generator(target, drafter, base_config)
 
