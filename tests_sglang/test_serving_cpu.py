@@ -74,6 +74,14 @@ def serve(root: Path, algorithm: str, rounds: list, config: str | None, trace: P
     raise AssertionError(f"engine failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
 
 
+def pair_with_drafter(root: Path, folder: Path, drafter) -> Path:
+    """``folder`` holding the pair's target (a link) and ``drafter`` (saved): a pair for `serve`."""
+    folder.mkdir()
+    (folder / "target").symlink_to(root / "target")
+    write_zlab_drafter(drafter, folder / "drafter")
+    return folder
+
+
 def trace_taus(trace: Path) -> dict[str, list[int]]:
     taus: dict[str, list[int]] = defaultdict(list)
     for line in trace.read_text().splitlines():
@@ -208,11 +216,8 @@ def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path):
     from factories import tiny_domino_drafter
 
     root, target, _ = pair
-    domino_root = tmp_path / "domino"
-    domino_root.mkdir()
-    (domino_root / "target").symlink_to(root / "target")
     domino = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
-    write_zlab_drafter(domino, domino_root / "drafter")
+    domino_root = pair_with_drafter(root, tmp_path / "domino", domino)
     trace = tmp_path / "trace.jsonl"
     config = '{"policy": "offset"}'
     got = serve(domino_root, "REANCHOR", ROUNDS[:1], config, trace)
@@ -236,13 +241,10 @@ def test_a_dspark_drafter_serves_the_reference_engines_rounds(pair, tmp_path, ki
     from factories import tiny_dspark_drafter
 
     root, target, _ = pair
-    ds_root = tmp_path / "dspark"
-    ds_root.mkdir()
-    (ds_root / "target").symlink_to(root / "target")
     dspark = tiny_dspark_drafter(target, block_size=gamma, target_layer_ids=[0, 2], seed=6, markov_head_type=kind,
                                  markov_rank=5, sample_from_anchor=sample_from_anchor)
     assert dspark.block_size == 8  # query slots: the same window as the DFlash drafter's
-    write_zlab_drafter(dspark, ds_root / "drafter")
+    ds_root = pair_with_drafter(root, tmp_path / "dspark", dspark)
     trace = tmp_path / "trace.jsonl"
     config = '{"policy": "offset"}'
     got = serve(ds_root, "REANCHOR", ROUNDS[:1], config, trace)
@@ -260,10 +262,8 @@ def test_a_dspark_server_refuses_what_its_rollout_cannot_serve(pair, tmp_path):
     from factories import tiny_dspark_drafter
 
     root, target, _ = pair
-    ds_root = tmp_path / "dspark"
-    ds_root.mkdir()
-    (ds_root / "target").symlink_to(root / "target")
-    write_zlab_drafter(tiny_dspark_drafter(target, block_size=8, target_layer_ids=[0, 2]), ds_root / "drafter")
+    ds_root = pair_with_drafter(root, tmp_path / "dspark", tiny_dspark_drafter(target, block_size=8,
+                                                                              target_layer_ids=[0, 2]))
     with pytest.raises(AssertionError, match="draft_vocab and branch_width are not served"):
         serve(ds_root, "REANCHOR", ROUNDS[:1], '{"branch_width": 2}', None)
 
