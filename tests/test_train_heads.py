@@ -1,4 +1,5 @@
-"""Training DSpark Markov heads on a frozen DFlash backbone (`train.heads`, ``fit --head-only``)."""
+"""Training family heads (DSpark's Markov head, Domino's GRU correction) on a frozen DFlash backbone
+(`train.heads`, ``fit --head-only``)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_reanchor.drafter import DFlashDrafter
+from sglang_reanchor.drafter.domino import DominoDrafter
 from sglang_reanchor.drafter.draft_vocab import DraftVocabHead
 from sglang_reanchor.drafter.dspark import DSparkDrafter
 from sglang_reanchor.engine import SpeculativeGenerator
 from sglang_reanchor.train.acceptance import draft_blocks
-from sglang_reanchor.train.heads import with_dspark_head
+from sglang_reanchor.train.heads import with_domino_head, with_dspark_head
 from sglang_reanchor.train.loss import IGNORE
 from sglang_reanchor.train.trainer import Trainer, TrainSettings, drafter_from_config, export
 
@@ -43,23 +45,49 @@ def test_a_new_dspark_head_drafts_what_its_backbone_drafts(target, tmp_path, kin
     assert type(loaded) is DSparkDrafter and loaded.dspark == dspark.dspark and loaded.block_size == B
 
 
+def test_a_new_domino_head_drafts_what_its_backbone_drafts(target, tmp_path) -> None:
+    """`with_domino_head`: same backbone, DFlash's query layout (shift_label false), a zero
+    correction: every ReAnchor round equals the backbone's; the folder loads back as Domino."""
+    backbone = tiny_drafter(target, block_size=B, target_layer_ids=[1, 2], seed=3)
+    domino = with_domino_head(backbone, gru_hidden_dim=6, emb_dim=5, seed=1)
+    assert type(domino) is DominoDrafter and domino.block_size == B and not domino.domino.shift_label
+    assert float(domino.prefix_gru.weight_ih_l0.detach().abs().sum()) > 0  # only the output weight starts at zero
+    prompt = [1, 5, 9, 4, 12, 7, 3]
+    ours = SpeculativeGenerator(target, domino).generate(prompt, 24, method="reanchor", trace=True)
+    base = SpeculativeGenerator(target, backbone).generate(prompt, 24, method="reanchor", trace=True)
+    assert ours.tokens == base.tokens and ours.acceptance_lengths == base.acceptance_lengths
+    assert all(torch.equal(a.blocks, b.blocks) for a, b in zip(ours.rounds, base.rounds, strict=True))
+    domino.save_pretrained(tmp_path)
+    loaded = DFlashDrafter.from_pretrained(tmp_path)
+    assert type(loaded) is DominoDrafter and loaded.domino == domino.domino and loaded.block_size == B
+
+
 def test_with_dspark_head_refuses_what_it_cannot_build(target) -> None:
     with pytest.raises(ValueError, match="takes a DFlash drafter"):
         with_dspark_head(tiny_domino_drafter(target, target_layer_ids=[1, 2]), 4)
     with pytest.raises(ValueError, match="markov_head_type must be one of"):
         with_dspark_head(tiny_drafter(target, target_layer_ids=[1, 2]), 4, "lstm")
+    with pytest.raises(ValueError, match="with_domino_head takes a DFlash drafter"):
+        with_domino_head(tiny_dspark_drafter(target, target_layer_ids=[1, 2]))
+    with pytest.raises(ValueError, match="gru_hidden_dim must be positive"):
+        with_domino_head(tiny_drafter(target, target_layer_ids=[1, 2]), gru_hidden_dim=0)
 
 
-@settings(max_examples=12, deadline=None)
-@given(kind=st.sampled_from(["vanilla", "gated", "rnn"]), reduced=st.booleans(), seed=st.integers(0, 50),
-       cut=st.integers(0, B - 2))
-def test_teacher_forced_dspark_drafts_equal_its_rollout(kind, reduced, seed, cut) -> None:
-    """The validation's teacher-forced Markov bias is the rollout's: with labels equal to the
-    head's own rollout except at slot ``cut``, every block's drafts equal the rollout's through
-    ``cut`` (the slot the labels first differ at is still drafted from true previous tokens)."""
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn", "domino"])
+@settings(max_examples=6, deadline=None)
+@given(reduced=st.booleans(), seed=st.integers(0, 50), cut=st.integers(0, B - 2))
+def test_teacher_forced_family_drafts_equal_their_rollout(kind, reduced, seed, cut) -> None:
+    """The validation's teacher-forced bias (a DSpark Markov head's, a Domino GRU's) is the
+    rollout's: with labels equal to the head's own rollout except at slot ``cut``, every block's
+    drafts equal the rollout's through ``cut`` (the slot the labels first differ at is still
+    drafted from true previous tokens)."""
     target = tiny_target("llama", vocab_size=24, num_layers=3, seed=4)
-    drafter = tiny_dspark_drafter(target, block_size=B - 1, target_layer_ids=[0, 1], seed=seed, markov_head_type=kind,
-                                  markov_rank=5, sample_from_anchor=False)
+    if kind == "domino":  # the candidate pool (2048) covers the whole vocabulary here: no pool
+        drafter: DFlashDrafter = tiny_domino_drafter(target, block_size=B, target_layer_ids=[0, 1], seed=seed,
+                                                     shift_label=False, gru_hidden_dim=6, emb_dim=7)
+    else:
+        drafter = tiny_dspark_drafter(target, block_size=B - 1, target_layer_ids=[0, 1], seed=seed,
+                                      markov_head_type=kind, markov_rank=5, sample_from_anchor=False)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 24, (2, 20), generator=g)
     with torch.no_grad():
@@ -71,26 +99,36 @@ def test_teacher_forced_dspark_drafts_equal_its_rollout(kind, reduced, seed, cut
     head = lm_head if vocab is None else DraftVocabHead(lm_head, vocab)
     embed = target.get_input_embeddings()
     free = draft_blocks(drafter, embed, head, ids, feats, anchors, vocab)  # the rollout, [2, 3, B-1]
+    live = anchors >= 0
+    whole = draft_blocks(drafter, embed, head, ids, feats, anchors, vocab,
+                         labels=torch.where(live[..., None], free, IGNORE))
+    assert torch.equal(whole[live], free[live])  # labels = the rollout: every slot is reached and equal
     labels = free.clone()
     labels[:, :, cut] = torch.where(free[:, :, cut] == 3, 4, 3)  # differs from the draft at slot `cut`
     labels[anchors < 0] = IGNORE
     forced = draft_blocks(drafter, embed, head, ids, feats, anchors, vocab, labels=labels)
-    live = anchors >= 0
     assert torch.equal(forced[live][:, : cut + 1], free[live][:, : cut + 1])
     assert (forced[live][:, cut + 1:] == -1).all()  # not reached
 
 
-def test_a_head_only_run_trains_the_markov_head_and_nothing_else(target, tmp_path) -> None:
+@pytest.mark.parametrize("family", ["dspark", "domino"])
+def test_a_head_only_run_trains_the_head_and_nothing_else(target, tmp_path, family) -> None:
     backbone = tiny_drafter(target, block_size=B, target_layer_ids=[1, 2], seed=1).train()
     backbone.vocab_ranking = torch.arange(3, 32).flip(0)
     data = random_sequences(target, 8, seed=2, dtype=torch.bfloat16)
     s = TrainSettings(lr=3e-2, warmup_steps=1, total_steps=12, batch_seqs=8, anchors_per_seq=6, gamma=2.0,
                       sample_slots=False, draft_vocab=20, autocast=False, head_only=True)
-    with pytest.raises(ValueError, match="trains a DSpark drafter's Markov head"):
+    with pytest.raises(ValueError, match="trains a DSpark or Domino drafter's head"):
         Trainer(target, backbone, data, s)
-    dspark = with_dspark_head(backbone, markov_rank=6, markov_head_type="gated").train()
-    before = {k: v.clone() for k, v in dspark.state_dict().items()}
-    trainer = Trainer(target, dspark, data, s)
+    if family == "dspark":
+        drafter: DFlashDrafter = with_dspark_head(backbone, markov_rank=6, markov_head_type="gated").train()
+        head_prefixes: tuple[str, ...] = ("markov_head.",)
+        out_weight = "markov_head.markov_w2.weight"
+    else:
+        drafter = with_domino_head(backbone, gru_hidden_dim=8, emb_dim=6).train()
+        head_prefixes, out_weight = ("prefix_gru.", "embed_proj."), "embed_proj.2.weight"
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    trainer = Trainer(target, drafter, data, s)
     batch = trainer.batch(0)
     with torch.no_grad():
         loss0, _ = trainer.loss_on(*batch)
@@ -98,16 +136,17 @@ def test_a_head_only_run_trains_the_markov_head_and_nothing_else(target, tmp_pat
         trainer.step()
     with torch.no_grad():
         loss1, _ = trainer.loss_on(*batch)
-    after = dspark.state_dict()
+    after = drafter.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
-    assert changed and all(k.startswith("markov_head.") for k in changed)
+    assert changed and all(k.startswith(head_prefixes) for k in changed)
+    assert out_weight in changed
     assert float(loss1) < float(loss0) - 0.05  # the head learns the data's bigrams
-    # checkpoints carry the family: resume and export rebuild a DSpark drafter
+    # checkpoints carry the family: resume and export rebuild a drafter of that family
     state = trainer.state_dict()
-    assert type(drafter_from_config(state["config"])) is DSparkDrafter
+    assert type(drafter_from_config(state["config"])) is type(drafter)
     torch.save({**state, "labels_seen": 0}, tmp_path / "ckpt.pt")
     folder = export(tmp_path / "ckpt.pt", tmp_path / "out", dtype=torch.float32)
     loaded = DFlashDrafter.from_pretrained(folder)
-    assert type(loaded) is DSparkDrafter
-    assert torch.equal(loaded.markov_head.markov_w2.weight, dspark.markov_head.markov_w2.weight.float())
+    assert type(loaded) is type(drafter)
+    assert torch.equal(loaded.state_dict()[out_weight], after[out_weight].float())
     assert torch.equal(loaded.vocab_ranking, backbone.vocab_ranking)

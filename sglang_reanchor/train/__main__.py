@@ -148,7 +148,12 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     from .trainer import TrainSettings, fit
 
     model, tok = load_target(args.target, dtype=torch.float32)
-    meta = json.loads((Path(args.data[0]) / "meta.json").read_text())
+    # the layer ids of the first folder that has begun (a build still to come writes its meta.json first;
+    # load_sequences checks every folder agrees)
+    metas = [Path(d) / "meta.json" for d in args.data if (Path(d) / "meta.json").exists()]
+    if not metas:
+        raise SystemExit(f"fit: none of the --data folders has a meta.json yet ({args.data}); run `data` first")
+    meta = json.loads(metas[0].read_text())
     mask_id = args.mask_token_id
     if mask_id is None:
         mask_id = tok.convert_tokens_to_ids(DEFAULT_MASK_TOKEN)
@@ -224,17 +229,21 @@ def _cmd_draft_vocab(args: argparse.Namespace) -> None:
 
 def _cmd_add_head(args: argparse.Namespace) -> None:
     from ..drafter import DFlashDrafter
-    from .heads import with_dspark_head
+    from .heads import with_domino_head, with_dspark_head
 
     drafter = DFlashDrafter.from_pretrained(args.drafter)
-    dspark = with_dspark_head(drafter, args.markov_rank, args.markov_head_type, seed=args.seed)
-    dspark.save_pretrained(args.out)
+    if args.family == "dspark":
+        new = with_dspark_head(drafter, args.markov_rank, args.markov_head_type, seed=args.seed)
+        what = f"DSpark drafter ({args.markov_head_type} Markov head, rank {args.markov_rank}, gamma {new.gamma}"
+    else:
+        new = with_domino_head(drafter, args.gru_hidden_dim, args.emb_dim, seed=args.seed)
+        what = f"Domino drafter (GRU correction head, gru_hidden_dim {args.gru_hidden_dim}, emb_dim {args.emb_dim}"
+    new.save_pretrained(args.out)
     sidecar = Path(args.drafter) / "training.json"  # the backbone's training, so `fit` keeps counting
     if sidecar.exists():
         (Path(args.out) / "training.json").write_text(sidecar.read_text())
-    print(f"{args.out}: DSpark drafter ({args.markov_head_type} Markov head, rank {args.markov_rank}, gamma "
-          f"{dspark.gamma}, DFlash's query layout) on the backbone of {args.drafter}; its bias starts at zero. "
-          f"Train the head with `fit --init-from {args.out} --head-only`")
+    print(f"{args.out}: {what}, DFlash's query layout) on the backbone of {args.drafter}; its correction starts "
+          f"at zero. Train the head with `fit --init-from {args.out} --head-only`")
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
@@ -351,15 +360,20 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--reload-every", type=int, default=0, metavar="N", help="every N steps, pick up shards a "
                    "running `data` build has written since (0: never)")
     f.add_argument("--head-only", action="store_true", help="train only the family head of an --init-from "
-                   "DSpark drafter (its Markov head); the backbone stays frozen")
+                   "DSpark or Domino drafter (its Markov head, its GRU correction); the backbone stays frozen")
     f.set_defaults(func=_cmd_fit)
 
-    h = sub.add_parser("add-head", help="a DSpark drafter folder from a DFlash one: the same backbone and a new "
-                       "Markov head whose bias starts at zero (train it with `fit --head-only`)")
+    h = sub.add_parser("add-head", help="a DSpark or Domino drafter folder (SGLang's formats) from a DFlash one: "
+                       "the same backbone and a new head whose correction starts at zero (train it with "
+                       "`fit --head-only`)")
     h.add_argument("--drafter", required=True, metavar="DIR", help="a DFlash drafter folder (the backbone)")
     h.add_argument("--out", required=True, metavar="DIR")
-    h.add_argument("--markov-rank", type=int, default=64)
-    h.add_argument("--markov-head-type", choices=("vanilla", "gated", "rnn"), default="gated")
+    h.add_argument("--family", choices=("dspark", "domino"), default="dspark")
+    h.add_argument("--markov-rank", type=int, default=64, help="DSpark: the Markov head's rank")
+    h.add_argument("--markov-head-type", choices=("vanilla", "gated", "rnn"), default="gated", help="DSpark")
+    h.add_argument("--gru-hidden-dim", type=int, default=128, help="Domino: the prefix GRU's state size")
+    h.add_argument("--emb-dim", type=int, default=64, help="Domino: embed_proj's inner width (embed_proj.2 is "
+                   "[vocab, emb_dim], most of the head's size)")
     h.add_argument("--seed", type=int, default=0)
     h.set_defaults(func=_cmd_add_head)
 

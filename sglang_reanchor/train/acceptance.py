@@ -34,9 +34,10 @@ import torch
 from torch import Tensor, nn
 
 from ..drafter import DFlashDrafter
+from ..drafter.domino import DominoDrafter
 from ..drafter.dspark import DSparkDrafter
 from .data import Sequences
-from .heads import markov_bias, teacher_forced_prev
+from .heads import teacher_forced_bias, teacher_forced_prev
 from .loss import IGNORE, block_inputs, block_labels, block_mask, sample_anchors
 
 __all__ = ["AcceptanceReport", "accept_lengths", "cluster_mean_se", "draft_blocks", "teacher_forced_acceptance"]
@@ -117,10 +118,11 @@ def draft_blocks(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, ids:
     get the head (slot ``k`` where slots ``1..k-1`` all matched): about ``tau`` head rows
     per block instead of ``B-1``. The other slots read ``-1`` (never a match).
 
-    A DSpark drafter's Markov head adds its bias from the previous draft. Without
-    ``labels`` its own rollout drafts every slot; with them the bias is teacher-forced
-    (`heads.markov_bias`), which is exact: a slot is reached only when every earlier
-    draft equalled its label, so the drafted previous token *is* the label."""
+    A family head (DSpark's Markov head, Domino's GRU) adds a bias from the earlier drafts.
+    Without ``labels`` its own rollout drafts every slot; with them the bias is teacher-forced
+    (`heads.teacher_forced_bias`), which is exact: a slot is reached only when every earlier
+    draft equalled its label, so the drafted previous tokens *are* the labels (Domino's
+    candidate pool aside: the teacher-forced correction scores every row)."""
     dev = drafter.fc.weight.device
     ids, feats, anchors = ids.to(dev), feats.to(dev), anchors.to(dev)
     bs, width = ids.shape
@@ -129,33 +131,33 @@ def draft_blocks(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, ids:
     hidden = drafter(embed(q_ids), q_pos, context, block_mask(anchors, width, drafter.block_size))
     blocks = hidden.view(bs, anchors.shape[1], drafter.block_size, -1)
     hidden = blocks[:, :, 1:]
-    dspark = isinstance(drafter, DSparkDrafter)
-    if dspark and drafter.dspark.sample_from_anchor:
+    if isinstance(drafter, DSparkDrafter) and drafter.dspark.sample_from_anchor:
         raise ValueError("teacher-forced acceptance scores DFlash's query layout; this DSpark drafter samples "
                          "from the anchor's slot (sample_from_anchor = true)")
+    if isinstance(drafter, DominoDrafter) and drafter.domino.shift_label:
+        raise ValueError("teacher-forced acceptance scores DFlash's query layout; this Domino drafter reads "
+                         "its proposals from slot 0 (shift_label = true)")
     mapped = (lambda x: x) if head_ids is None else (lambda x: head_ids.to(dev)[x])  # noqa: E731
+    anchor_ids = q_ids.view(bs, -1, drafter.block_size)[:, :, 0]
     if labels is None:
-        if dspark:
-            return drafter.head.rollout(blocks, q_ids.view(bs, -1, drafter.block_size)[:, :, 0], lm_head=head,
+        if drafter.family != "dflash":  # the family head's own rollout
+            return drafter.head.rollout(blocks, anchor_ids, embed_tokens=embed, lm_head=head,
                                         num_drafts=drafter.block_size - 1)
         # every slot, in one 2-D GEMM (a 4-D input takes a slower batched path)
         return mapped(head(hidden.reshape(-1, hidden.shape[-1])).argmax(-1)).view(hidden.shape[:-1])
     labels = labels.to(dev)
-    bias = None
-    if dspark:  # [bs, N, B-1, V'] teacher-forced
-        n, w2 = hidden.shape[2], drafter.markov_head.markov_w2.weight
-        w2 = w2 if head_ids is None else w2[head_ids.to(dev)]
-        prev = teacher_forced_prev(q_ids.view(bs, -1, drafter.block_size)[:, :, 0], labels)
-        bias = markov_bias(drafter.markov_head, hidden.reshape(-1, n, hidden.shape[-1]), prev.reshape(-1, n), w2)
-        bias = bias.view(*labels.shape, -1)
+    n = hidden.shape[2]
+    bias = teacher_forced_bias(drafter, embed, hidden.reshape(-1, n, hidden.shape[-1]),
+                               teacher_forced_prev(anchor_ids, labels).reshape(-1, n), head_ids)
+    bias = None if bias is None else bias.view(*labels.shape, -1)
     drafts = torch.full(hidden.shape[:-1], -1, dtype=torch.long, device=dev)
     live = anchors >= 0  # [bs, N]: blocks whose slots so far all matched
     for k in range(hidden.shape[2]):
         if not bool(live.any()):
             break
         logits = head(hidden[:, :, k][live])
-        if bias is not None:  # summed in float32 and rounded to the step dtype, as the rollout does
-            step = torch.promote_types(logits.dtype, w2.dtype)
+        if bias is not None:  # summed in float32 and rounded to the step dtype, as DSpark's rollout does
+            step = torch.promote_types(logits.dtype, bias.dtype)
             logits = (logits.float() + bias[:, :, k][live].float()).to(step)
         drafts[:, :, k][live] = mapped(logits.argmax(-1))
         live = live & (drafts[:, :, k] == labels[:, :, k]) & (labels[:, :, k] != IGNORE)

@@ -38,11 +38,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..drafter import DFlashConfig, DFlashDrafter
 from ..drafter.draft_vocab import DraftVocabHead, save_draft_vocab
+from ..drafter.domino import DominoDrafter
 from ..drafter.dspark import DSparkDrafter
 from ..drafter.families import drafter_class
 from .curve import training_curve
 from .data import Sequences, chat_ids, load_sequences
-from .heads import head_parameters, markov_bias, teacher_forced_prev
+from .heads import head_parameters, teacher_forced_bias, teacher_forced_prev
 from .loss import IGNORE, block_inputs, block_labels, block_mask, dflash_loss, sample_anchors, vocab_rows
 from .sampler import GroupSampler
 from .selection import group_folders
@@ -80,7 +81,7 @@ class TrainSettings:
     val_max_offset: int | None = 95  # ... drawn below this response position (a 96-token decode)
     reload_every: int = 0  # every N steps, pick up shards written since (a data build still running)
     stop_at: int | None = None  # end this sitting at this step (the schedule stays over total_steps)
-    head_only: bool = False  # train only a family head (DSpark's Markov head); the backbone stays frozen
+    head_only: bool = False  # train only a family head (DSpark's Markov head, Domino's GRU); the backbone is frozen
 
 
 def init_from_target(drafter: DFlashDrafter, target: PreTrainedModel) -> None:
@@ -130,8 +131,9 @@ class Trainer:
         if isinstance(drafter, DSparkDrafter) and drafter.dspark.sample_from_anchor:
             raise ValueError("training a DSpark drafter needs sample_from_anchor = false (DFlash's query layout, "
                              "slot k predicts x[a + k]); `train add-head` writes one")
-        if not isinstance(drafter, (DSparkDrafter,)) and type(drafter) is not DFlashDrafter:
-            raise ValueError(f"training covers DFlash and DSpark drafters, not {drafter.family_name} ones")
+        if isinstance(drafter, DominoDrafter) and drafter.domino.shift_label:
+            raise ValueError("training a Domino drafter needs shift_label = false (DFlash's query layout, "
+                             "slot k predicts x[a + k]); `train add-head --family domino` writes one")
         if settings.head_only:
             trained = head_parameters(drafter)
             for p in drafter.parameters():
@@ -186,15 +188,11 @@ class Trainer:
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.settings.head_only):
             hidden = d(q_emb, q_pos, context, block_mask(anchors, width, d.block_size))
         labels = block_labels(ids, anchors, lens, d.block_size)
-        bias = None
-        if isinstance(d, DSparkDrafter):  # the Markov head, teacher-forced, over the rows the loss scores
-            n = d.block_size - 1
-            slots = hidden.view(bs, -1, d.block_size, hidden.shape[-1])[:, :, 1:]  # [bs, N, n, H]
-            prev = teacher_forced_prev(q_ids.view(bs, -1, d.block_size)[:, :, 0], labels)
-            w2 = d.markov_head.markov_w2.weight
-            w2 = w2 if self.head_ids is None else w2[self.head_ids.to(w2.device)]
-            bias = markov_bias(d.markov_head, slots.reshape(-1, n, slots.shape[-1]), prev.reshape(-1, n), w2)
-            bias = bias.view(*labels.shape, -1)
+        n = d.block_size - 1  # a family head's bias, teacher-forced, over the rows the loss scores
+        slots = hidden.view(bs, -1, d.block_size, hidden.shape[-1])[:, :, 1:].reshape(-1, n, hidden.shape[-1])
+        prev = teacher_forced_prev(q_ids.view(bs, -1, d.block_size)[:, :, 0], labels).reshape(-1, n)
+        bias = teacher_forced_bias(d, self.embed, slots, prev, self.head_ids)
+        bias = None if bias is None else bias.view(*labels.shape, -1)
         return dflash_loss(hidden, labels, self.head, self.settings.gamma, self.settings.chunk_tokens,
                            sample_slots=slot_generator, label_map=self.label_map, bias=bias)
 
