@@ -180,21 +180,46 @@ def test_cost_profile_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
     assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two TP ranks bound to one core each")
-def test_two_tp_ranks_serve_plain_sglangs_tokens(pair, tmp_path):
-    """``--tp-size 2`` on CPU (gloo; SGLang binds rank r to core r): REANCHOR with the offset
-    policy, whose rounds accept through shifted rows, equals a plain TP-2 server token for token
-    (the drafts use the TP-safe argmax over the vocab-parallel head: `cpu_compat` ALL_GATHER)."""
+TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}  # SGLang binds TP rank r to core r
+
+
+@pytest.fixture(scope="module")
+def plain_tp2(pair):
+    """A plain ``--tp-size 2`` server's answers (once for every family below)."""
     root, _, _ = pair
-    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
-    tp2 = {"tp_size": 2}
+    return serve(root, "NONE", ROUNDS[:1], None, None, extra_env=TP2_ENV, engine_args={"tp_size": 2})
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two TP ranks bound to one core each")
+@pytest.mark.parametrize("family", ["dflash", "domino", "dspark"])
+def test_two_tp_ranks_serve_plain_sglangs_tokens(pair, plain_tp2, tmp_path, family):
+    """``--tp-size 2`` on CPU (gloo; SGLang binds rank r to core r): REANCHOR with the offset
+    policy, whose rounds accept through shifted rows, equals a plain TP-2 server token for token,
+    with a DFlash drafter (the drafts use the TP-safe argmax over the vocab-parallel head:
+    `cpu_compat` ALL_GATHER) and with Domino and DSpark drafters (SGLang's own rollouts, which
+    gather the vocab-parallel logits themselves), and every rank drafts the same tree (the
+    trace of rank 0 equals the reference engine's rounds)."""
+    from factories import tiny_domino_drafter, tiny_dspark_drafter
+
+    root, target, drafter = pair
+    if family == "domino":
+        drafter = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
+    elif family == "dspark":
+        drafter = tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2], seed=6, markov_head_type="gated",
+                                      markov_rank=5, sample_from_anchor=False)
+    spec_root = root if family == "dflash" else pair_with_drafter(root, tmp_path / family, drafter)
     trace = tmp_path / "trace.jsonl"
-    plain = serve(root, "NONE", ROUNDS[:1], None, None, extra_env=env, engine_args=tp2)
-    spec = serve(root, "REANCHOR", ROUNDS[:1], '{"policy": "offset"}', trace, extra_env=env, engine_args=tp2)
+    config = '{"policy": "offset"}'
+    spec = serve(spec_root, "REANCHOR", ROUNDS[:1], config, trace, extra_env=TP2_ENV, engine_args={"tp_size": 2})
     for rid in PROMPTS:
-        assert spec[rid]["output_ids"] == plain[rid]["output_ids"], rid
+        assert spec[rid]["output_ids"] == plain_tp2[rid]["output_ids"], rid
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert sum(r["shifted_accepts"] for r in rows) > 0
+    assert sum(r["shifted_accepts"] for r in rows) > 0 or family != "dflash"
+    if family != "dflash":  # the family head's rounds, as the engine drafts them
+        reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
+        taus = trace_taus(trace)
+        for rid, (prompt, n) in PROMPTS.items():
+            assert taus[rid] == reference.generate(prompt, n, method="reanchor").acceptance_lengths, rid
 
 
 def test_reanchor_tokens_equal_plain_sglang(pair):

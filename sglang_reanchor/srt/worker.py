@@ -162,7 +162,8 @@ class ReAnchorWorker(DFlashWorkerV2):
         # cut to their real width there (one read a round). On a GPU the round keeps its fixed shapes.
         self._trim_trees = str(self.device) == "cpu"
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
-        self._trace_path = os.environ.get(TRACE_ENV, "")
+        # the trace: one line per request per round, written by TP rank 0 (every rank drafts the same tree)
+        self._trace_path = os.environ.get(TRACE_ENV, "") if int(get_parallel().tp_rank) == 0 else ""
         self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
         if (self._is_domino or self._is_dspark) and (self._draft_vocab is not None or self.reanchor.branch_width):
             family = "Domino" if self._is_domino else "DSpark"
