@@ -3,6 +3,7 @@ candidate measured here, shipped or cached, always one that fits the drafter."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
 
@@ -107,6 +108,13 @@ def test_shipped_choice_for_the_same_cpu_kind_only(pair, tmp_path):
     cache = tmp_path / "cache"
     choice = device_config(builder(pair), CPU, torch.float64, tmp_path, "p", None, cache_dir=cache, progress=None)
     assert choice.source == "shipped" and choice.config == chosen and choice.tokens_per_s == 30.0
+    # measured with other weights: the choice stands, its speeds are not this drafter's
+    (tmp_path / "model.safetensors").write_bytes(b"other weights")
+    for sha, fresh in ((hashlib.sha256(b"other weights").hexdigest()[:12], True), ("4dd68a761ab8", False)):
+        (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [other, {**entry, "drafter_sha256": sha}]}))
+        again = device_config(builder(pair), CPU, torch.float64, tmp_path, "p", None, cache_dir=cache, progress=None)
+        assert again.config == chosen and (again.tokens_per_s, again.plain_tokens_per_s) == \
+            ((30.0, 20.0) if fresh else (None, None))
     # a float32 run on this CPU has no shipped entry; without a tokenizer nothing is measured
     fallback = device_config(builder(pair), CPU, torch.float32, tmp_path, "p", None, cache_dir=cache,
                              candidates=small_candidates(drafter), progress=None)

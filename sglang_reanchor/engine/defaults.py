@@ -170,10 +170,20 @@ def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice 
             unknown = sorted(set(served.get("config", {})) - {"batch_node_budget"})
             if unknown:
                 raise ValueError(f"{file}: an entry's served.config may set batch_node_budget only, got {unknown}")
-            return DeviceChoice(config, "shipped", entry.get("tokens_per_s"), entry.get("plain_tokens_per_s"),
+            # the speeds are those of the weights measured (the choice, a cost shape of the machine, stays valid)
+            fresh = entry.get("drafter_sha256") in (None, _weights_sha256(folder))
+            return DeviceChoice(config, "shipped", entry.get("tokens_per_s") if fresh else None,
+                                entry.get("plain_tokens_per_s") if fresh else None,
                                 served=config.replace(**served["config"]) if served.get("config") else None,
                                 served_measured=str(served.get("measured", "")))
     return None
+
+
+def _weights_sha256(folder: Path) -> str:
+    """The first 12 hex digits of the sha256 of ``folder``'s ``model.safetensors`` (an entry's
+    ``drafter_sha256``; "" without one)."""
+    weights = folder / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:12] if weights.is_file() else ""
 
 
 def _fields(config: ReAnchorConfig) -> dict[str, object]:
