@@ -29,6 +29,7 @@ import torch
 from .config import ReAnchorConfig
 from .engine import METHODS, GenerationResult, SpeculativeGenerator
 from .engine.defaults import PAPER_CONFIG, DeviceChoice
+from .hub import SHIPPED_DRAFTERS, shipped_drafter_path
 from .runtime import keep_freed_memory
 
 DEFAULT_PROMPTS = (
@@ -47,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", default=None, help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", default=None, help="z-lab-format DFlash drafter folder (default: the shipped one)")
+    p.add_argument("--drafter", default=None, help="a drafter folder (DFlash, Domino or DSpark), or the name of one "
+                   "shipped for SmolLM2: dflash (the default), dspark, domino")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA and on CPUs with AMX / AVX-512 BF16, "
                    "else float32), float32, bfloat16")
@@ -55,7 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-budget", type=int, default=None, help="node budget (replaces the device's choice)")
     p.add_argument("--no-paper-config", action="store_true", help="skip the runs with the paper's GPU settings")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.drafter in SHIPPED_DRAFTERS:  # a shipped drafter by its family's name
+        args.drafter = shipped_drafter_path(args.drafter)
+        if args.drafter is None:
+            p.error("this build ships no such drafter")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

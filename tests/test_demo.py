@@ -50,3 +50,15 @@ def test_prompts_combine_into_one_row_per_method() -> None:
     assert both.tokens == [1, 2, 3, 4, 5] and both.acceptance_lengths == [2, 1, 2]
     assert both.decode_seconds == 3.0 and both.prompt_tokens == 6
     assert abs(both.tokens_per_second - 5 / 3) < 1e-9 and abs(both.mean_acceptance_length - 5 / 3) < 1e-9
+
+
+@pytest.mark.parametrize("family", ["dflash", "dspark", "domino"])
+def test_the_demo_takes_a_shipped_drafter_by_its_familys_name(family: str) -> None:
+    from sglang_reanchor.demo import parse_args
+    from sglang_reanchor.hub import shipped_drafter_path
+
+    folder = shipped_drafter_path(family)
+    if folder is None:
+        pytest.skip(f"no {family} drafter shipped in this build")
+    assert parse_args(["--drafter", family]).drafter == folder
+    assert parse_args(["--drafter", "some/folder"]).drafter == "some/folder"
