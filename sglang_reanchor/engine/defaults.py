@@ -161,9 +161,9 @@ def fitting_candidates(drafter: torch.nn.Module, candidates: Sequence[ReAnchorCo
 
 def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice | None:
     """The choice ``folder``'s ``device_defaults.json`` holds for a machine of ``key`` (`machine_key`), or None."""
-    file = folder / SHIPPED_FILE if folder is not None else None
-    if file is None or not file.is_file():
+    if folder is None or not (folder / SHIPPED_FILE).is_file():
         return None
+    file = folder / SHIPPED_FILE
     for entry in json.loads(file.read_text())["entries"]:
         if entry["key"] == key:
             config, served = _config(entry["config"]), entry.get("served") or {}
