@@ -91,6 +91,14 @@ class ReAnchorConfig:
         instead of its whole vocabulary: ``K / V`` of the drafter's LM-head work, which on
         a CPU is most of a drafter forward. Only the drafts change, never the output.
         None: the whole vocabulary.
+    verify_threshold:
+        Cut every drafted row where the running product of its drafts' probabilities
+        (the drafter's softmax probability of each draft, `DraftHead.rollout_with_probs`)
+        falls below this, so a round verifies deep drafts only where the drafter is sure
+        of them: on hardware where verify cost grows with the node count (CPUs) the
+        same tokens per round for fewer nodes. The baseline keeps at least one draft; a
+        shifted row keeps its anchor; a row is attached only below a kept baseline node.
+        Only the tree changes, never the output. None (the default): no cut.
     max_requests:
         Cap on the number of requests whose rejected suffix is held at once.
     seed:
@@ -111,6 +119,7 @@ class ReAnchorConfig:
     branch_length: int = 2
     branch_temperature: float = 1.0
     draft_vocab: int | None = None
+    verify_threshold: float | None = None
     max_requests: int = 4096
     seed: int = 0
 
@@ -157,6 +166,9 @@ class ReAnchorConfig:
             isinstance(self.draft_vocab, bool) or not isinstance(self.draft_vocab, int) or self.draft_vocab < 1
         ):
             raise ValueError(f"ReAnchorConfig.draft_vocab must be None or an int >= 1, got {self.draft_vocab!r}")
+        v = self.verify_threshold
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
+            raise ValueError(f"ReAnchorConfig.verify_threshold must be None or a float in (0, 1], got {v!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"ReAnchorConfig.seed must be an int, got {self.seed!r}")
 

@@ -197,15 +197,28 @@ class RoundCore:
         """Block anchors (`draft_anchors`)."""
         return draft_anchors(bonus, prefix_lens, suffix, self.offsets, fill_token)
 
+    def kept_drafts(self, draft_probs: Tensor) -> Tensor:
+        """Drafts each row keeps under ``config.verify_threshold``: ``draft_probs [bs, 1+R, n]``
+        (the drafter's probability of each draft) -> ``[bs, 1+R]`` long, the leading drafts whose
+        running product of probabilities stays at or above the threshold; the baseline keeps one
+        at least (a round verifies a draft), a shifted row may keep none (its anchor stays)."""
+        threshold = self.config.verify_threshold
+        if threshold is None:
+            raise ValueError("kept_drafts needs ReAnchorConfig.verify_threshold")
+        kept = (draft_probs.float().cumprod(dim=-1) >= threshold).sum(dim=-1)  # the product only falls
+        return torch.cat([kept[:, :1].clamp(min=1), kept[:, 1:]], dim=1)
+
     def tree(self, blocks: Tensor, anchors: DraftAnchors, suffix: SuffixBatch,
              node_budget: int | None = None, generator: torch.Generator | None = None,
-             baseline_logits: Tensor | None = None, token_ids: Tensor | None = None) -> DraftTree:
+             baseline_logits: Tensor | None = None, token_ids: Tensor | None = None,
+             draft_probs: Tensor | None = None) -> DraftTree:
         """The draft tree of ``blocks`` (``[bs, 1+R, W]``: row 0 the baseline block), ``width(node_budget)``
         wide (``generator``: overrides the core's, for ``policy="random"``).
 
         With ``config.branch_width``, ``baseline_logits`` (``[bs, n, V']``: the drafter's logits at
         the baseline's slots ``1 .. n``; ``token_ids`` ``[V']`` when over a reduced vocabulary)
-        give the branches (`sglang_reanchor.branching`).
+        give the branches (`sglang_reanchor.branching`). With ``config.verify_threshold``,
+        ``draft_probs`` (``[bs, 1+R, W-1]``) cut the rows (`kept_drafts`).
         """
         config = self.config
         if node_budget is not None and node_budget != config.node_budget:
@@ -215,8 +228,14 @@ class RoundCore:
             if baseline_logits is None:
                 raise ValueError("ReAnchorConfig.branch_width needs the baseline block's logits (baseline_logits)")
             branches = branch_candidates(blocks[:, 0], baseline_logits, config, token_ids)
+        row_drafts = None
+        if config.verify_threshold is not None:
+            if draft_probs is None:
+                raise ValueError("ReAnchorConfig.verify_threshold needs the drafts' probabilities (draft_probs)")
+            row_drafts = self.kept_drafts(draft_probs)
         return build_draft_tree(blocks[:, 0], blocks[:, 1:], self.offsets, anchors.row_valid, suffix.tokens,
-                                config, generator=generator or self.generator, branches=branches)
+                                config, generator=generator or self.generator, branches=branches,
+                                row_drafts=row_drafts)
 
     def accept(self, tree: DraftTree, next_tokens: Tensor, top1: Tensor) -> Acceptance:
         """Acceptance with the target's picks (``[bs, N]``), path ``min(stride, N)`` wide, suffix ``X``."""

@@ -86,21 +86,35 @@ class DraftTree:
     # ---- constructors -------------------------------------------------------------
 
     @staticmethod
-    def chain(tokens: Tensor) -> DraftTree:
+    def chain(tokens: Tensor, num_nodes: Tensor | None = None) -> DraftTree:
         """The DFlash baseline: a chain ``tokens[:, 0] -> tokens[:, 1] -> ...``.
 
-        ``tokens``: ``[bs, B]`` long.
+        ``tokens``: ``[bs, B]`` long; ``num_nodes`` ``[bs]`` long in ``[1, B]``: each chain's
+        first nodes (the rest padding), None for all ``B``.
         """
         bs, n = tokens.shape
-        idx = torch.arange(n, device=tokens.device).expand(bs, n)
+        dev = tokens.device
+        idx = torch.arange(n, device=dev).expand(bs, n)
+        if num_nodes is None:
+            return DraftTree(
+                tokens=tokens.long(),
+                parents=idx - 1,
+                depth=idx.clone(),
+                num_nodes=torch.full((bs,), n, dtype=torch.long, device=dev),
+                source_row=torch.zeros_like(idx),
+                row_sites=torch.zeros(bs, 0, dtype=torch.long, device=dev),
+                ancestors=torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(bs, n, n),
+            )
+        real = idx < num_nodes[:, None]  # padding: token 0, parent -1, depth 0, sees itself only
         return DraftTree(
-            tokens=tokens.long(),
-            parents=idx - 1,
-            depth=idx.clone(),
-            num_nodes=torch.full((bs,), n, dtype=torch.long, device=tokens.device),
+            tokens=torch.where(real, tokens.long(), 0),
+            parents=torch.where(real, idx - 1, -1),
+            depth=torch.where(real, idx, 0),
+            num_nodes=num_nodes.long(),
             source_row=torch.zeros_like(idx),
-            row_sites=torch.zeros(bs, 0, dtype=torch.long, device=tokens.device),
-            ancestors=torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril().expand(bs, n, n),
+            row_sites=torch.zeros(bs, 0, dtype=torch.long, device=dev),
+            ancestors=(torch.ones(n, n, dtype=torch.bool, device=dev).tril() & real[:, None, :] & real[:, :, None])
+            | torch.eye(n, dtype=torch.bool, device=dev),
         )
 
     @staticmethod
@@ -219,6 +233,7 @@ def build_draft_tree(
     generator: torch.Generator | None = None,
     sites: Tensor | None = None,
     branches: Branches | None = None,
+    row_drafts: Tensor | None = None,
 ) -> DraftTree:
     """Attach shifted blocks (and branches) to the baseline chain and merge them into one trie.
 
@@ -250,6 +265,11 @@ def build_draft_tree(
         Alternative drafts of the baseline block (`sglang_reanchor.branching`): short
         chains hanging below the baseline, created after the shifted rows (so a node
         budget drops them first), kept whole by the ``region`` ablation.
+    row_drafts:
+        ``[bs, 1 + R]`` long, optional: drafts kept of the baseline (``>= 1``) and of each
+        shifted row (``>= 0``: a row keeps its anchor), e.g. where the drafter's confidence
+        runs out (``config.verify_threshold``). A row (or branch) is attached only where
+        the baseline node above its site is kept.
 
     Returns
     -------
@@ -289,6 +309,8 @@ def build_draft_tree(
     # an attached row hangs at depth <= W; a row left out may name a site past the block
     # (an offset d > W): it keeps no cell, but its grid indices must stay in range
     sites = sites.clamp(max=width)
+    if row_drafts is not None:  # a row hangs below baseline depth site - 1, which must be kept
+        attached = attached & (sites <= row_drafts[:, :1] + 1)
     grid = 2 * width  # depths 0 .. 2W-1: a row attached at depth W reaches 2W-1
     num = 1 + rows
     n = min(config.node_budget, num * width)  # the fixed verify width N
@@ -307,12 +329,16 @@ def build_draft_tree(
     keep_rows = attached[:, :, None] & in_row
     if row_len is not None:
         keep_rows = keep_rows & (k < row_len[:, :, None])
+    if row_drafts is not None:  # cell k of a shifted row is its anchor (k = 0) or its k-th draft
+        cut = torch.nn.functional.pad(row_drafts[:, 1:], (0, rows - shifted_rows), value=width)
+        keep_rows = keep_rows & (k <= cut[:, :, None])
     if config.region != "all":
         region = _region_keep(config, baseline, shifted[:, :shifted_rows], sites[:, :shifted_rows],
                               sites[:, :shifted_rows, None] + t[:width], width)  # [bs, R, W]
         region = torch.cat([region, torch.ones_like(shifted[:, shifted_rows:], dtype=torch.bool)], dim=1)
         keep_rows = keep_rows & region.gather(2, k_in)
-    keep = torch.cat([(t < width).expand(bs, 1, grid), keep_rows], dim=1)  # [bs, 1+R, G]
+    base_keep = (t < width).expand(bs, grid) if row_drafts is None else t <= row_drafts[:, :1]  # [bs, G]
+    keep = torch.cat([base_keep[:, None, :], keep_rows], dim=1)  # [bs, 1+R, G]
     if config.max_depth is not None:  # a node's parent is shallower, so the cut leaves a tree
         keep = keep & (t <= config.max_depth)
 

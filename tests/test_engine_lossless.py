@@ -63,6 +63,10 @@ def make_case(case: int, tmp_path):
     if branch.random() < 0.4:
         config = config.replace(branch_width=branch.choice([1, 2, 3]), branch_rows=branch.choice([1, 3, 8]),
                                 branch_length=branch.choice([1, 2, 4]), branch_temperature=branch.choice([0.5, 1.0, 3.0]))
+    # and three in ten cut rows where the drafter's confidence runs out (own stream)
+    sure = random.Random(30_000 + case)
+    if sure.random() < 0.3:
+        config = config.replace(verify_threshold=sure.choice([0.05, 0.2, 0.5, 0.9, 1.0]))
     return target, drafter, config, prompt, max_new
 
 
@@ -100,12 +104,33 @@ def test_cases_exercise_deep_trees_and_shifted_rows(tmp_path):
     deep = shifted = branched = rounds = 0
     for case in range(NUM_CASES):
         target, drafter, config, prompt, max_new = make_case(case, tmp_path)
+        config = config.replace(verify_threshold=None)  # the cases' trees uncut (cut ones: the next test)
         result = SpeculativeGenerator(target, drafter, config).generate(prompt, max_new, method="reanchor")
         rounds += len(result.acceptance_lengths)
         deep += sum(t >= 4 for t in result.acceptance_lengths)
         shifted += sum(result.shifted_accepts)
         branched += sum(result.branch_accepts)
     assert rounds > 300 and deep >= 20 and shifted >= 5 and branched >= 5, (rounds, deep, shifted, branched)
+
+
+def test_verify_threshold_cases_cut_their_trees(tmp_path):
+    """The cases with a ``verify_threshold`` verify fewer nodes than the same configs without it,
+    and still accept several drafts in some rounds (where the drafter is sure)."""
+    cut = full = deep = cases = 0
+    for case in range(NUM_CASES):
+        target, drafter, config, prompt, max_new = make_case(case, tmp_path)
+        if config.verify_threshold is None:
+            continue
+        cases += 1
+        gen = SpeculativeGenerator(target, drafter, config)
+        for method in ("dflash", "reanchor"):
+            ours = gen.generate(prompt, max_new, method=method)
+            uncut = SpeculativeGenerator(target, drafter, config.replace(verify_threshold=None)).generate(
+                prompt, max_new, method=method)
+            assert ours.tokens == uncut.tokens
+            cut, full = cut + sum(ours.tree_sizes), full + sum(uncut.tree_sizes)
+            deep += sum(t >= 3 for t in ours.acceptance_lengths)
+    assert cases >= 10 and cut < 0.8 * full and deep >= 5, (cases, cut, full, deep)
 
 
 def test_eos_stops_generation():

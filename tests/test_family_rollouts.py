@@ -36,9 +36,14 @@ def _allowed(token_ids: torch.Tensor | None) -> torch.Tensor:
     return allowed
 
 
+def _top_prob(scores: torch.Tensor) -> float:
+    return float(scores.detach().softmax(-1).max())
+
+
 def domino_reference(drafter, hidden: torch.Tensor, anchor: int, n: int, pool: int,
-                     token_ids: torch.Tensor | None = None) -> list[int]:
-    """One block ``hidden [W, H]``: SGLang's domino_greedy_rollout restated (the pool as a mask)."""
+                     token_ids: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
+    """One block ``hidden [W, H]``: SGLang's domino_greedy_rollout restated (the pool as a mask),
+    and the probability of each draft over the scores it was chosen from."""
     gru, proj = drafter.prefix_gru, drafter.embed_proj
     allowed = _allowed(token_ids)
     start = 0 if drafter.domino.shift_label else 1
@@ -49,25 +54,28 @@ def domino_reference(drafter, hidden: torch.Tensor, anchor: int, n: int, pool: i
     if 0 < k < int(allowed.sum()) and z.shape[0] > 1:
         keep = torch.zeros(VOCAB, dtype=torch.bool)
         keep[base[1:].amax(0).topk(k).indices] = True
-    tokens = [int(base[0].argmax())]
+    tokens, probs = [int(base[0].argmax())], [_top_prob(base[0])]
     h = torch.zeros(drafter.domino.gru_hidden_dim, dtype=hidden.dtype)
     for t in (anchor, tokens[0]):
         h = _gru(EMB.weight[t], h, gru.weight_ih_l0, gru.weight_hh_l0)
     for i in range(1, n):
         latent = torch.nn.functional.silu(proj[0].weight @ torch.cat([z[i], h]))
-        tokens.append(int((base[i] + proj[2].weight @ latent).masked_fill(~keep, NEG).argmax()))
+        scores = (base[i] + proj[2].weight @ latent).masked_fill(~keep, NEG)
+        tokens.append(int(scores.argmax()))
+        probs.append(_top_prob(scores))
         h = _gru(EMB.weight[tokens[-1]], h, gru.weight_ih_l0, gru.weight_hh_l0)
-    return tokens
+    return tokens, probs
 
 
 def dspark_reference(drafter, hidden: torch.Tensor, anchor: int, n: int,
-                     token_ids: torch.Tensor | None = None) -> list[int]:
-    """One block ``hidden [W, H]``: SGLang's draft_markov_block (greedy) restated."""
+                     token_ids: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
+    """One block ``hidden [W, H]``: SGLang's draft_markov_block (greedy) restated, and the
+    probability of each draft."""
     m, kind = drafter.markov_head, drafter.dspark.markov_head_type
     start = 0 if drafter.dspark.sample_from_anchor else 1
     hs = hidden[start:start + n]
     base = (hs @ HEAD.weight.T).masked_fill(~_allowed(token_ids), NEG)
-    prev, state, tokens = anchor, torch.zeros(drafter.dspark.markov_rank, dtype=hidden.dtype), []
+    prev, state, tokens, probs = anchor, torch.zeros(drafter.dspark.markov_rank, dtype=hidden.dtype), [], []
     for s in range(n):
         e = m.markov_w1.weight[prev]
         if kind == "vanilla":
@@ -81,7 +89,8 @@ def dspark_reference(drafter, hidden: torch.Tensor, anchor: int, n: int,
             bias = m.markov_w2.weight @ torch.tanh(o)
         prev = int((base[s] + bias).argmax())
         tokens.append(prev)
-    return tokens
+        probs.append(_top_prob(base[s] + bias))
+    return tokens, probs
 
 
 FAMILY = st.one_of(
@@ -115,9 +124,13 @@ def test_batched_rollout_equals_the_per_block_reference(family, block, bs, rows,
     head = HEAD if token_ids is None else DraftVocabHead(HEAD, token_ids)
     got = drafter.head.rollout(hidden, anchors, embed_tokens=EMB, lm_head=head, num_drafts=n)
     assert got.shape == (bs, rows, n) and got.dtype == torch.long
+    same, probs = drafter.head.rollout_with_probs(hidden, anchors, embed_tokens=EMB, lm_head=head, num_drafts=n)
+    assert torch.equal(same, got) and probs.shape == (bs, rows, n) and probs.dtype == torch.float32
     for b in range(bs):
         for r in range(rows):
-            assert got[b, r].tolist() == reference(hidden[b, r], int(anchors[b, r]), n, token_ids), (b, r)
+            tokens, p = reference(hidden[b, r], int(anchors[b, r]), n, token_ids)
+            assert got[b, r].tolist() == tokens, (b, r)
+            torch.testing.assert_close(probs[b, r], torch.tensor(p, dtype=torch.float32), rtol=1e-5, atol=1e-6)
     full = drafter.head.rollout(hidden, anchors, embed_tokens=EMB, lm_head=head, num_drafts=width - 1)
     assert torch.equal(got, full[:, :, :n])  # the first n drafts do not depend on n
 
@@ -196,3 +209,22 @@ def test_draft_blocks_rolls_every_block_out_from_its_own_anchor() -> None:
             alone = draft_blocks(drafter, cache, anchors[:, r:r + 1], positions[:, r:r + 1], feats[:, 8:],
                                  visible[:, r:r + 1], EMB, HEAD, num_drafts=4)
             assert torch.equal(alone[0, 0], blocks[0, r])
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 5), subset=st.booleans(), seed=st.integers(0, 1000))
+def test_dflash_draft_probabilities_are_the_softmax_of_its_logits(n, subset, seed) -> None:
+    """`ArgmaxHead.rollout_with_probs`: its drafts, and each one's softmax probability over the
+    head's vocabulary (all tokens, or the reduced draft vocabulary)."""
+    from sglang_reanchor.drafter.heads import ARGMAX_HEAD
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(2, 3, 6, HIDDEN, generator=g, dtype=torch.float64)
+    anchors = torch.randint(0, VOCAB, (2, 3), generator=g)
+    token_ids = torch.randperm(VOCAB, generator=g)[:7] if subset else None
+    head = HEAD if token_ids is None else DraftVocabHead(HEAD, token_ids)
+    drafts, probs = ARGMAX_HEAD.rollout_with_probs(hidden, anchors, lm_head=head, num_drafts=n)
+    assert torch.equal(drafts, ARGMAX_HEAD.rollout(hidden, anchors, lm_head=head, num_drafts=n))
+    logits = (hidden[:, :, 1 : 1 + n] @ HEAD.weight.T).masked_fill(~_allowed(token_ids), NEG)
+    torch.testing.assert_close(probs, logits.softmax(-1).amax(-1).float(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(drafts, logits.argmax(-1))

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_reanchor.config import ReAnchorConfig
+from sglang_reanchor.round import RoundCore
 from sglang_reanchor.tree import DraftTree, build_draft_tree
 
 # ---- oracle ------------------------------------------------------------------------
@@ -39,9 +40,9 @@ def oracle_sites(baseline, row, d, rejected, cfg):
     return None
 
 
-def oracle_tree(baseline, rows, offsets, rejected, cfg):
+def oracle_tree(baseline, rows, offsets, rejected, cfg, base_cut=None, row_cuts=None):
     """Insert baseline then rows into a dict trie, in creation order; apply region, depth cap
-    and budget."""
+    and budget (and ``base_cut`` / ``row_cuts``: drafts kept of the baseline and of each row)."""
     block = len(baseline)
     tokens, parents, depth = [baseline[0]], [-1], [0]
     child = {}
@@ -57,17 +58,19 @@ def oracle_tree(baseline, rows, offsets, rejected, cfg):
 
     cap = block + len(baseline) if cfg.max_depth is None else cfg.max_depth
     base_nodes = [0]
-    for tok in baseline[1:]:
+    for tok in baseline[1:] if base_cut is None else baseline[1 : 1 + base_cut]:
         if len(base_nodes) > cap:  # the next baseline node would sit at depth len(base_nodes)
             break
         base_nodes.append(insert(base_nodes[-1], tok))
     sites = []
-    for row, d in zip(rows, offsets):
+    for r, (row, d) in enumerate(zip(rows, offsets)):
         site = oracle_sites(baseline, row, d, rejected, cfg)
+        if site is not None and base_cut is not None and site - 1 > base_cut:
+            site = None  # it would hang below a baseline draft that was cut
         sites.append(site)
         if site is None:
             continue
-        for k, tok in enumerate(row):
+        for k, tok in enumerate(row if row_cuts is None else row[: 1 + row_cuts[r]]):
             dep = site + k
             if dep > cap:
                 break
@@ -112,7 +115,7 @@ def tree_inputs(draw):
     return baseline, shifted, offsets, valid, rejected, cfg
 
 
-def build(baseline, shifted, offsets, valid, rejected, cfg, generator=None):
+def build(baseline, shifted, offsets, valid, rejected, cfg, generator=None, row_drafts=None):
     bs, block = len(baseline), len(baseline[0])
     rows = len(offsets)
     return build_draft_tree(
@@ -123,6 +126,7 @@ def build(baseline, shifted, offsets, valid, rejected, cfg, generator=None):
         rejected_tokens=torch.tensor(rejected),
         config=cfg,
         generator=generator,
+        row_drafts=None if row_drafts is None else torch.tensor(row_drafts, dtype=torch.long).reshape(bs, 1 + rows),
     )
 
 
@@ -142,6 +146,30 @@ def test_build_matches_trie_oracle(inputs):
         got_sites = [s for s, v in zip(tree.row_sites[b].tolist(), valid[b]) if v]
         for got, want in zip(got_sites, sites):
             assert got == -1 if want is None else got in (want, -1)  # -1: anchor cut by region/budget
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree_inputs(), st.data())
+def test_cut_rows_match_the_trie_oracle(inputs, data):
+    """``row_drafts`` (what ``verify_threshold`` keeps): the baseline's first drafts, each row's
+    anchor and first drafts; a row below a cut baseline draft is not attached."""
+    baseline, shifted, offsets, valid, rejected, cfg = inputs
+    block = len(baseline[0])
+    cuts = [[data.draw(st.integers(1, block - 1)) if block > 1 else 1]
+            + [data.draw(st.integers(0, block - 1)) for _ in offsets] for _ in baseline]
+    tree = build(*inputs, row_drafts=cuts)
+    for b in range(len(baseline)):
+        keep = [r for r, v in enumerate(valid[b]) if v]
+        tokens, parents, depth, sites = oracle_tree(
+            baseline[b], [shifted[b][r] for r in keep], [offsets[r] for r in keep], rejected[b], cfg,
+            base_cut=cuts[b][0], row_cuts=[cuts[b][1 + r] for r in keep])
+        assert tree_lists(tree, b) == (tokens, parents, depth)
+        got_sites = [tree.row_sites[b, r].item() for r in keep]
+        for got, want in zip(got_sites, sites):
+            assert got == -1 if want is None else got in (want, -1)
+    full = [[block - 1] + [block - 1] * len(offsets) for _ in baseline]  # nothing cut: the same tree
+    uncut, cut_nothing = build(*inputs), build(*inputs, row_drafts=full)
+    assert all(torch.equal(getattr(uncut, f), getattr(cut_nothing, f)) for f in DraftTree.__dataclass_fields__)
 
 
 @settings(max_examples=200, deadline=None)
@@ -254,6 +282,11 @@ def test_budget_drops_deepest_nodes_of_last_rows_first():
 def test_chain_and_from_lists():
     chain = DraftTree.chain(torch.tensor([[4, 5, 6]]))
     assert tree_lists(chain) == ([4, 5, 6], [-1, 0, 1], [0, 1, 2])
+    cut = DraftTree.chain(torch.tensor([[4, 5, 6, 7], [1, 2, 3, 4]]), torch.tensor([2, 4]))
+    assert tree_lists(cut, 0) == ([4, 5], [-1, 0], [0, 1]) and tree_lists(cut, 1) == ([1, 2, 3, 4], [-1, 0, 1, 2], [0, 1, 2, 3])
+    padding = DraftTree.from_lists([[4, 5], [1, 2, 3, 4]], [[-1, 0], [-1, 0, 1, 2]])
+    assert torch.equal(cut.ancestors, padding.ancestors) and torch.equal(cut.parents, padding.parents)
+    assert torch.equal(cut.trimmed().tokens, cut.tokens)  # the widest chain keeps every column
     with pytest.raises(ValueError, match="parent of node 2"):
         DraftTree.from_lists([[1, 2, 3]], [[-1, 0, 2]])
     with pytest.raises(ValueError, match="shifted"):
@@ -332,3 +365,15 @@ def test_branches_join_the_trie_after_the_rows(inputs, data):
         n = min(len(tokens), cfg.node_budget)
         assert tree_lists(tree, b) == (tokens[:n], parents[:n], depth[:n])
         assert int(tree.source_row[b, :n].max()) <= rows + m
+
+
+def test_kept_drafts_cut_where_the_running_product_falls_below_the_threshold():
+    core = RoundCore(ReAnchorConfig(offsets=(1,), verify_threshold=0.3), num_drafts=4, device="cpu")
+    probs = torch.tensor([[[0.9, 0.5, 0.9, 1.0], [0.2, 1.0, 1.0, 1.0]],
+                          [[0.1, 1.0, 1.0, 1.0], [1.0, 1.0, 0.6, 0.4]]])
+    # 0.9, 0.45, 0.405, 0.405 -> 4; 0.2 -> 0; 0.1 -> 0, the baseline keeps 1; 1, 1, 0.6, 0.24 -> 3
+    assert core.kept_drafts(probs).tolist() == [[4, 0], [1, 3]]
+    with pytest.raises(ValueError, match="needs ReAnchorConfig.verify_threshold"):
+        RoundCore(ReAnchorConfig(), num_drafts=4, device="cpu").kept_drafts(probs)
+    with pytest.raises(ValueError, match=r"verify_threshold must be None or a float in \(0, 1\]"):
+        ReAnchorConfig(verify_threshold=0.0)

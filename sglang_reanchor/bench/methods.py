@@ -9,8 +9,9 @@ model (`sglang_reanchor.budget`; needs ``--profile``); ``dtype=float32`` (or
 run's ``--dtype`` (any method; e.g. ``target:dtype=bfloat16`` measures plain decoding
 in both); ``draft_vocab=K`` drafts over the drafter's ``K`` most frequent target tokens
 (its folder's ``draft_vocab.safetensors``; `sglang_reanchor.drafter.draft_vocab`);
-``max_depth=n`` verifies drafts down to depth ``n`` only and ``draft_slots=W`` drafts
-blocks of ``W`` query slots (both for ``dflash`` and ``reanchor``); ``drafter=NAME`` drafts
+``max_depth=n`` verifies drafts down to depth ``n`` only, ``draft_slots=W`` drafts
+blocks of ``W`` query slots and ``verify_threshold=p`` cuts each row where the drafter's
+confidence runs out (all three for ``dflash`` and ``reanchor``); ``drafter=NAME`` drafts
 with a drafter named by ``--extra-drafter NAME=DIR`` instead of ``--drafter`` (so several
 drafters compare in one run). The spec string is the method's label in every table. `ABLATIONS` are the
 paper's Tables 4, 6 and 7.
@@ -49,8 +50,8 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
 }
 _INT_FIELDS = {"node_budget", "max_requests", "seed", "max_depth", "draft_slots", "batch_node_budget",
                "branch_width", "branch_rows", "branch_length"}
-_FLOAT_FIELDS = {"branch_temperature"}
-_CHAIN_FIELDS = {"max_depth", "draft_slots"}  # settings that apply to DFlash's chain too
+_FLOAT_FIELDS = {"branch_temperature", "verify_threshold"}
+_CHAIN_FIELDS = {"max_depth", "draft_slots", "verify_threshold"}  # settings that apply to DFlash's chain too
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 _BOOL_FIELDS = {"root_site"}
 
@@ -101,9 +102,10 @@ class MethodSpec:
             changes[key] = _convert(key, value)
         if (auto or set(changes) - _CHAIN_FIELDS) and method != "reanchor":
             raise ValueError(f"method spec {text!r}: only 'reanchor' takes config changes "
-                             "('dflash' takes max_depth and draft_slots)")
+                             "('dflash' takes max_depth, draft_slots and verify_threshold)")
         if set(changes) & _CHAIN_FIELDS and method == "target":
-            raise ValueError(f"method spec {text!r}: max_depth and draft_slots apply to 'dflash' and 'reanchor'")
+            raise ValueError(f"method spec {text!r}: max_depth, draft_slots and verify_threshold apply to 'dflash' "
+                             "and 'reanchor'")
         try:
             ReAnchorConfig().replace(**changes)  # bad values fail here, naming the field
         except (TypeError, ValueError) as err:

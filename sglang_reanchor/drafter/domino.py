@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import DFlashConfig
-from .heads import check_rollout_inputs, vocab_view
+from .heads import check_rollout_inputs, chosen_prob, vocab_view
 from .model import DFlashDrafter
 
 __all__ = ["DEFAULT_CANDIDATE_POOL_SIZE", "DominoDrafter", "DominoHead", "DominoSettings"]
@@ -154,6 +154,18 @@ class DominoHead:
         """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens
         ``anchors [bs, R]`` (`heads.DraftHead.rollout`). The first ``n`` of the ``W - 1``
         proposals: the candidate pool is the whole block's, so they do not depend on ``n``."""
+        return self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, False)[0]
+
+    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module, lm_head: nn.Module,
+                           num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
+        """`heads.DraftHead.rollout_with_probs`: the first draft's over the base logits, a later one's
+        over the corrected scores (of the candidate pool where the rollout uses one)."""
+        drafts, probs = self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, True)
+        assert probs is not None
+        return drafts, probs
+
+    def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module, lm_head: nn.Module,
+                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
         width = hidden.shape[2]
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(width))
         bs, num_blocks, _, h = hidden.shape
@@ -172,9 +184,14 @@ class DominoHead:
         base = F.linear(z_in, view.weight, view.bias).view(steps, rows, view.size)  # [steps, rows, V']
         col = base[0].argmax(dim=-1)
         token = view.tokens(col)
-        drafts = [token]
+        drafts, probs = [token], [chosen_prob(base[0])] if with_probs else []
+
+        def stacked() -> tuple[Tensor, Tensor | None]:
+            out = torch.stack(drafts, dim=1).view(bs, num_blocks, n)
+            return out, torch.stack(probs, dim=1).view(bs, num_blocks, n) if with_probs else None
+
         if n == 1:
-            return token.view(bs, num_blocks, 1)
+            return stacked()
         out_w = view.rows(out_proj, self._rows_cache)  # [V', E]
         if use_pool:
             feedback = base[1:]  # [P-1, rows, V']
@@ -191,13 +208,16 @@ class DominoHead:
                 scores = cand_base[i - 1] + torch.bmm(cand_w, latent.unsqueeze(-1)).squeeze(-1)
                 col = torch.gather(cand, 1, scores.argmax(dim=-1)[:, None]).squeeze(1)
             else:
-                col = (base[i] + F.linear(latent, out_w)).argmax(dim=-1)
+                scores = base[i] + F.linear(latent, out_w)
+                col = scores.argmax(dim=-1)
             token = view.tokens(col)
             drafts.append(token)
+            if with_probs:
+                probs.append(chosen_prob(scores))
             if i + 1 < n:  # the GRU reads this proposal before the next one
                 state = torch.gru_cell(embed_tokens(token).to(gru_w.dtype), state[0], gru_w,
                                        self.prefix_gru.weight_hh_l0, None, None)[None]
-        return torch.stack(drafts, dim=1).view(bs, num_blocks, n)
+        return stacked()
 
 
 class DominoDrafter(DFlashDrafter):

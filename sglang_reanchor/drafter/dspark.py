@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from .config import DFlashConfig
 from .domino import projector_type
-from .heads import check_rollout_inputs, vocab_view
+from .heads import check_rollout_inputs, chosen_prob, vocab_view
 from .model import DFlashDrafter
 
 __all__ = ["DSPARK_ARCHITECTURES", "DSparkConfidenceHead", "DSparkDrafter", "DSparkHead", "DSparkSettings",
@@ -259,6 +259,17 @@ class DSparkHead:
         """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens
         ``anchors [bs, R]`` (`heads.DraftHead.rollout`; ``embed_tokens`` is not used, the
         Markov head embeds the previous token itself)."""
+        return self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, False)[0]
+
+    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
+                           lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
+        """`heads.DraftHead.rollout_with_probs`: the probabilities of the base logits plus the Markov bias."""
+        drafts, probs = self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, True)
+        assert probs is not None
+        return drafts, probs
+
+    def _rollout(self, hidden: Tensor, anchors: Tensor, lm_head: nn.Module, num_drafts: int,
+                 vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(hidden.shape[2]))
         bs, num_blocks, n = anchors.shape[0], anchors.shape[1], num_drafts
         rows = bs * num_blocks
@@ -277,13 +288,16 @@ class DSparkHead:
         acc = torch.promote_types(step_dtype, torch.float32)  # SGLang adds in float32, then rounds
         state = self.markov_head.init_state(slots)
         prev = anchors.reshape(rows)
-        drafts = []
+        drafts, probs = [], []
         for s in range(n):
             bias, state = self.markov_head.step(prev, slots[:, s], state, w2)
             value = (base[:, s].to(acc) + bias.to(acc)).to(step_dtype)
             prev = view.tokens(value.argmax(dim=-1))
             drafts.append(prev)
-        return torch.stack(drafts, dim=1).view(bs, num_blocks, n)
+            if with_probs:
+                probs.append(chosen_prob(value))
+        out = torch.stack(drafts, dim=1).view(bs, num_blocks, n)
+        return out, torch.stack(probs, dim=1).view(bs, num_blocks, n) if with_probs else None
 
     def confidence(self, hidden: Tensor, anchors: Tensor, drafts: Tensor) -> Tensor:
         """SGLang's ``DSparkConfidenceHead.predict`` (no calibration): per-draft acceptance
@@ -293,14 +307,20 @@ class DSparkHead:
             raise ValueError("this DSpark drafter has no confidence head (its folder carries no "
                              "confidence_head.* tensors, or enable_confidence_head is false)")
         bs, num_blocks, n = drafts.shape
-        slots = self._slots(hidden, n)  # [rows, n, H]
-        features = slots
-        if self.confidence_head.with_markov:
-            prev = torch.cat([anchors[..., None], drafts[..., : n - 1]], dim=-1).reshape(bs * num_blocks, n)
-            features = torch.cat([slots, self.markov_head.markov_w1(prev).to(slots.dtype)], dim=-1)
+        prev = torch.cat([anchors[..., None], drafts[..., : n - 1]], dim=-1).reshape(bs * num_blocks, n)
+        features = self.confidence_features(self._slots(hidden, n), prev)
         proj = self.confidence_head.proj
         raw = proj(features.to(proj.weight.dtype)).squeeze(-1)
         return torch.sigmoid(raw.float()).view(bs, num_blocks, n)
+
+    def confidence_features(self, slots: Tensor, prev: Tensor) -> Tensor:
+        """What the confidence head reads at each proposal slot: ``slots [R, n, H]`` (their hidden
+        states) and ``prev [R, n]`` long (the token before each: the anchor, then the drafts) ->
+        ``[R, n, H]``, or ``[R, n, H + r]`` with ``cat(h, markov_w1[prev])`` when the head reads the
+        Markov embedding too (``confidence_head_with_markov``)."""
+        if self.confidence_head is None or not self.confidence_head.with_markov:
+            return slots
+        return torch.cat([slots, self.markov_head.markov_w1(prev).to(slots.dtype)], dim=-1)
 
 
 class DSparkDrafter(DFlashDrafter):

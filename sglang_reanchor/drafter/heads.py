@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from .draft_vocab import DraftVocabHead
 
-__all__ = ["ArgmaxHead", "DraftHead", "VocabView", "check_rollout_inputs", "vocab_view"]
+__all__ = ["ArgmaxHead", "DraftHead", "VocabView", "check_rollout_inputs", "chosen_prob", "vocab_view"]
 
 
 class DraftHead(Protocol):
@@ -47,6 +47,13 @@ class DraftHead(Protocol):
                 num_drafts: int, vocab_size: int | None = None) -> Tensor:
         """``hidden [bs, R, W, H]``, ``anchors [bs, R]`` long -> drafts ``[bs, R, num_drafts]`` long
         (full-vocabulary token ids for positions ``anchor + 1 .. anchor + num_drafts``)."""
+        ...
+
+    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module, lm_head: nn.Module,
+                           num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
+        """`rollout`'s drafts and the head's softmax probability of each ``[bs, R, num_drafts]``
+        float32, over the scores the draft was chosen from (a family head's corrected logits;
+        Domino's candidate pool where it uses one): what `ReAnchorConfig.verify_threshold` cuts by."""
         ...
 
 
@@ -111,6 +118,12 @@ def check_rollout_inputs(hidden: Tensor, anchors: Tensor, num_drafts: int, max_d
                          f"got {num_drafts!r}")
 
 
+def chosen_prob(scores: Tensor) -> Tensor:
+    """The softmax probability of each row's argmax, ``[..., V] -> [...]`` float32."""
+    x = scores.float()
+    return (x.amax(dim=-1) - x.logsumexp(dim=-1)).exp()
+
+
 class ArgmaxHead:
     """DFlash: slot ``i`` (``1 <= i <= n``) drafts ``argmax(lm_head(hidden[..., i, :]))``."""
 
@@ -123,6 +136,17 @@ class ArgmaxHead:
     def rollout(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
                 lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> Tensor:
         """See `DraftHead.rollout` (``embed_tokens`` is not used: DFlash drafts are independent)."""
+        return self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, False)[0]
+
+    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
+                           lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
+        """See `DraftHead.rollout_with_probs`."""
+        drafts, probs = self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, True)
+        assert probs is not None
+        return drafts, probs
+
+    def _rollout(self, hidden: Tensor, anchors: Tensor, lm_head: nn.Module, num_drafts: int,
+                 vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(hidden.shape[2]))
         bs, rows, n = anchors.shape[0], anchors.shape[1], num_drafts
         # Logits for slots 0..n, slot 0 dropped after: the same drafts, and on CPU a GEMM
@@ -136,7 +160,8 @@ class ArgmaxHead:
         drafts = logits.argmax(dim=-1).view(bs, rows, 1 + n)[:, :, 1:]  # [bs, R, n]
         if isinstance(lm_head, DraftVocabHead):  # argmax over a reduced vocabulary: map back
             drafts = lm_head.token_ids[drafts]
-        return drafts
+        probs = chosen_prob(logits).view(bs, rows, 1 + n)[:, :, 1:] if with_probs else None
+        return drafts, probs
 
 
 ARGMAX_HEAD = ArgmaxHead()

@@ -40,6 +40,7 @@ class Draft:
     suffix: SuffixBatch  # the rejected suffix the shifted rows drafted from (X entries)
     offsets: tuple[int, ...]  # [R]: d of each shifted row (the config's, valid or not)
     baseline_logits: Tensor | None = None  # [1, n, V']: the baseline's slot logits (branching only)
+    draft_probs: Tensor | None = None  # [1, 1 + R, n]: the drafter's probability of each draft (verify_threshold)
 
     def valid_rows(self) -> tuple[Tensor, list[int], Tensor]:
         """``(blocks [1, 1 + R', 1 + n], offsets [R'], rejected_tokens [1, L])`` of the rows the
@@ -63,19 +64,25 @@ class Drafting:
     num_slots: int | None  # query slots per block (None: the drafter's block size)
 
     def blocks(self, cache: DraftContextCache, anchors: DraftAnchors, suffix: SuffixBatch,
-               with_logits: bool = False) -> tuple[Tensor, Tensor | None]:
-        """One drafter forward over the anchors' blocks: ``[1, 1 + R, 1 + n]`` long, and (``with_logits``)
-        the drafter's logits at the baseline block's slots ``1 .. n`` (``[1, n, V']``, for branching)."""
+               with_logits: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One drafter forward over the anchors' blocks: ``[1, 1 + R, 1 + n]`` long, (``with_logits``)
+        the drafter's logits at the baseline block's slots ``1 .. n`` (``[1, n, V']``, for branching),
+        and (with ``verify_threshold``) its probability of each draft (``[1, 1 + R, n]``)."""
         hidden = draft_hidden(self.drafter, cache, anchors.tokens, anchors.positions,
                               suffix.features if suffix.features.shape[1] else None, anchors.visible,
                               self.embed_tokens, num_slots=self.num_slots)  # [1, 1 + R, W, H]
-        drafts = self.drafter.head.rollout(hidden, anchors.tokens, embed_tokens=self.embed_tokens,
-                                           lm_head=self.head, num_drafts=self.num_drafts)
+        head, probs = self.drafter.head, None
+        if self.core.config.verify_threshold is None:
+            drafts = head.rollout(hidden, anchors.tokens, embed_tokens=self.embed_tokens, lm_head=self.head,
+                                  num_drafts=self.num_drafts)
+        else:
+            drafts, probs = head.rollout_with_probs(hidden, anchors.tokens, embed_tokens=self.embed_tokens,
+                                                    lm_head=self.head, num_drafts=self.num_drafts)
         blocks = torch.cat([anchors.tokens[:, :, None], drafts], dim=-1)
         if not with_logits:
-            return blocks, None
+            return blocks, None, probs
         n, dim = self.num_drafts, hidden.shape[-1]
-        return blocks, self.head(hidden[:, 0, 1 : 1 + n].reshape(-1, dim)).view(hidden.shape[0], n, -1)
+        return blocks, self.head(hidden[:, 0, 1 : 1 + n].reshape(-1, dim)).view(hidden.shape[0], n, -1), probs
 
     @property
     def token_ids(self) -> Tensor | None:
@@ -97,7 +104,8 @@ class Proposer(Protocol):
 
 
 class ChainProposer:
-    """DFlash: the baseline block, verified as a chain (``config.max_depth`` drafts deep at most)."""
+    """DFlash: the baseline block, verified as a chain (``config.max_depth`` drafts deep at most, cut
+    where the drafter's confidence runs out with ``config.verify_threshold``)."""
 
     stores_suffix = False
     uses_budget = False
@@ -114,8 +122,11 @@ class ChainProposer:
         none = SuffixBatch(prefix * 0, store.tokens[:1, :0], store.predictions[:1, :0], store.features[:1, :0])
         anchors = DraftAnchors(torch.tensor([[bonus]], device=dev), prefix[:, None], prefix[:, None] * 0,
                                torch.zeros(1, 0, dtype=torch.bool, device=dev))
-        blocks, _ = self.drafting.blocks(cache, anchors, none)
-        return DraftTree.chain(blocks[:, 0]), Draft(blocks, anchors, none, ())
+        blocks, _, probs = self.drafting.blocks(cache, anchors, none)
+        draft = Draft(blocks, anchors, none, (), draft_probs=probs)
+        if probs is None:
+            return DraftTree.chain(blocks[:, 0]), draft
+        return DraftTree.chain(blocks[:, 0], 1 + self.drafting.core.kept_drafts(probs)[:, 0]), draft
 
 
 class ReAnchorProposer:
@@ -139,11 +150,12 @@ class ReAnchorProposer:
         suffix = d.suffixes.gather(torch.tensor([slot], device=dev), prefix)
         anchors = d.core.anchors(torch.tensor([bonus], device=dev), prefix, suffix,
                                  fill_token=d.drafter.mask_token_id)
-        blocks, logits = d.blocks(cache, anchors, suffix, with_logits=self.branching)
-        draft = Draft(blocks, anchors, suffix, d.core.config.offsets, logits)
+        blocks, logits, probs = d.blocks(cache, anchors, suffix, with_logits=self.branching)
+        draft = Draft(blocks, anchors, suffix, d.core.config.offsets, logits, probs)
         return self.tree(draft, node_budget, generator), draft
 
     def tree(self, draft: Draft, node_budget: int, generator: torch.Generator) -> DraftTree:
         """The trie of the baseline, the attached shifted rows and the branches (`RoundCore.tree`)."""
         return self.drafting.core.tree(draft.blocks, draft.anchors, draft.suffix, node_budget, generator=generator,
-                                       baseline_logits=draft.baseline_logits, token_ids=self.drafting.token_ids)
+                                       baseline_logits=draft.baseline_logits, token_ids=self.drafting.token_ids,
+                                       draft_probs=draft.draft_probs)

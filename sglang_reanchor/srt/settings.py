@@ -38,7 +38,10 @@ __all__ = ["ENV_VAR", "ServedConfig", "ServingWidths", "config_json", "load_conf
            "serving_widths"]
 
 ENV_VAR = "SGLANG_REANCHOR_CONFIG"
-UNSERVED_FIELDS = ("draft_slots",)
+UNSERVED_FIELDS = {  # the reference engine's only, and why
+    "draft_slots": "the SGLang draft window runs whole blocks",
+    "verify_threshold": "the SGLang worker verifies trees of a fixed width, so a cut row saves no verify work",
+}
 
 
 def parse_config(text: str) -> ReAnchorConfig:
@@ -50,6 +53,10 @@ def parse_config(text: str) -> ReAnchorConfig:
     Traceback (most recent call last):
     ...
     ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, branch_width, branch_rows, branch_length, branch_temperature, draft_vocab, max_requests, seed
+    >>> parse_config('{"verify_threshold": 0.3}')  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: SGLANG_REANCHOR_CONFIG: 'verify_threshold' is not served (the SGLang worker verifies trees of a fixed width, ...
     """
     source = text.strip()
     if not source.startswith("{"):
@@ -63,11 +70,10 @@ def parse_config(text: str) -> ReAnchorConfig:
         raise ValueError(f"{ENV_VAR}: invalid JSON ({err})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{ENV_VAR}: expected a JSON object, got {type(raw).__name__}")
-    # draft_slots is the reference engine's: SGLang's draft window runs whole blocks
     names = [f.name for f in fields(ReAnchorConfig) if f.name not in UNSERVED_FIELDS]
     for key in raw:
         if key in UNSERVED_FIELDS:
-            raise ValueError(f"{ENV_VAR}: {key!r} is not served (the SGLang draft window runs whole blocks); "
+            raise ValueError(f"{ENV_VAR}: {key!r} is not served ({UNSERVED_FIELDS[key]}); "
                              f"fields are {', '.join(names)}")
         if key not in names:
             raise ValueError(f"{ENV_VAR}: unknown field {key!r}; fields are {', '.join(names)}")
@@ -136,6 +142,7 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
             f"tuned for GPUs and slow on a CPU; write them with `python scripts/ship_device_defaults.py`, "
             f"or set {ENV_VAR} (for example '{{\"offsets\": [1], \"node_budget\": 6, \"max_depth\": 3}}')"))
     config = choice.served or choice.config  # the served fields (batch_node_budget) measured under load
+    config = config.replace(**{name: None for name in UNSERVED_FIELDS})  # the reference engine's only
     if tp_size != 1 or full_vocab_only:
         config = config.replace(draft_vocab=None, branch_width=0)
     speed = (f" ({choice.tokens_per_s:g} tokens/s against {choice.plain_tokens_per_s:g} plain in the reference engine)"

@@ -25,6 +25,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -246,6 +247,59 @@ def _cmd_add_head(args: argparse.Namespace) -> None:
           f"at zero. Train the head with `fit --init-from {args.out} --head-only`")
 
 
+def _cmd_confidence(args: argparse.Namespace) -> None:
+    from ..drafter import DFlashDrafter
+    from ..drafter.draft_vocab import DraftVocabHead, top_tokens
+    from ..drafter.dspark import DSparkDrafter
+    from .confidence import confidence_report
+    from .data import load_sequences
+    from .selection import group_folders
+
+    model, _ = load_target(args.target, dtype=torch.float32)
+    drafter = DFlashDrafter.from_pretrained(args.drafter, dtype=torch.float32)
+    if not isinstance(drafter, DSparkDrafter):
+        raise SystemExit(f"confidence: {args.drafter} is a {drafter.family_name} drafter; the confidence head is "
+                         "DSpark's (make one with `train add-head --family dspark`)")
+    ids = None
+    head = model.get_output_embeddings()
+    if args.draft_vocab:
+        if drafter.vocab_ranking is None:
+            raise SystemExit(f"confidence: {args.drafter} has no draft_vocab.safetensors for --draft-vocab "
+                             f"{args.draft_vocab} (0: the full head)")
+        ids = top_tokens(drafter.vocab_ranking, args.draft_vocab, str(args.drafter))
+        head = DraftVocabHead(head, ids)
+    train, val = load_sequences(*args.data), load_sequences(args.val_data)
+    report = confidence_report(
+        drafter, model.get_input_embeddings(), head, (train, group_folders(args.data)),
+        (val, group_folders([args.val_data])), sequences=args.sequences, anchors_per_seq=args.anchors,
+        max_offset=args.max_offset, head_ids=ids, with_markov=not args.without_markov, l2=args.l2, seed=args.seed)
+    drafter.to(torch.bfloat16 if args.dtype == "bfloat16" else torch.float32).save_pretrained(args.out)
+    for name in ("draft_vocab.safetensors", "training.json"):
+        if (Path(args.drafter) / name).exists():
+            (Path(args.out) / name).write_bytes((Path(args.drafter) / name).read_bytes())
+    (Path(args.out) / "confidence.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(format_confidence_report(report))
+    print(f"-> {args.out} (enable_confidence_head: true; the report in {args.out}/confidence.json)")
+
+
+def format_confidence_report(report: dict[str, Any]) -> str:
+    """The held-out part of `confidence.confidence_report` as a text table."""
+    v = report["val"]
+    lines = [f"held-out: {v['blocks']} blocks, {v['slots_reached']} slots reached; AUC on reached slots: "
+             + ", ".join(f"{k} {a:.3f}" for k, a in v["auc_reached"].items())
+             + f"; mean confidence {v['mean_confidence_reached']:.3f} vs accepted {v['accept_rate_reached']:.3f}",
+             "cap | fixed: verified  accepted | " + " | ".join(f"{k}: accepted at equal verified (gain), "
+                                                              "verified for equal accepted" for k in v["curve"]["matched"])]
+    for i, f in enumerate(v["curve"]["fixed"]):
+        row = [f"{i + 1:3d} | {f['verified']:15.2f} {f['accepted']:9.3f}"]
+        for k, rows in v["curve"]["matched"].items():
+            m = rows[i]
+            row.append(f"{m['fixed_accepted'] + m['accepted_gain']:.3f} ({m['accepted_gain']:+.3f}), "
+                       f"{m['verified_ratio']:.2f}x")
+        lines.append(" | ".join(row))
+    return "\n".join(lines)
+
+
 def _cmd_export(args: argparse.Namespace) -> None:
     from .trainer import export
 
@@ -390,6 +444,25 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--max-offset", type=int, default=95, help="anchors below this response position")
     t.add_argument("--target", default=None)
     t.set_defaults(func=_cmd_validate)
+
+    cf = sub.add_parser("confidence", help="fit a DSpark drafter's confidence head (per-slot acceptance, "
+                        "teacher-forced) and measure it on held-out blocks as a verify-length signal")
+    cf.add_argument("--drafter", required=True, metavar="DIR", help="a DSpark drafter folder (DFlash's query layout)")
+    cf.add_argument("--data", required=True, nargs="+", metavar="DIR", help="`data` folders to fit on")
+    cf.add_argument("--val-data", required=True, metavar="DIR", help="a `data` folder of held-out sequences")
+    cf.add_argument("--out", required=True, metavar="DIR", help="the drafter folder to write (with the head)")
+    cf.add_argument("--sequences", type=int, default=4096, help="sequences of --data to fit on (a random subset)")
+    cf.add_argument("--anchors", type=int, default=8, help="anchors per sequence")
+    cf.add_argument("--max-offset", type=int, default=95, help="anchors below this response position")
+    cf.add_argument("--draft-vocab", type=int, default=8192, metavar="K", help="draft with the top-K head "
+                    "(0: the full head), as decoding with draft_vocab=K does")
+    cf.add_argument("--without-markov", action="store_true", help="the head reads the slot's hidden state only "
+                    "(confidence_head_with_markov: false)")
+    cf.add_argument("--l2", type=float, default=1e-4, help="L2 penalty on the head's weights")
+    cf.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="of the written folder")
+    cf.add_argument("--seed", type=int, default=0)
+    cf.add_argument("--target", default=None)
+    cf.set_defaults(func=_cmd_confidence)
 
     k = sub.add_parser("pack", help="store the responses of data folders compactly (to commit, and to "
                        "rebuild the folders later with `data --pack`)")

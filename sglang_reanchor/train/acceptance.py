@@ -40,7 +40,8 @@ from .data import Sequences
 from .heads import teacher_forced_bias, teacher_forced_prev
 from .loss import IGNORE, block_inputs, block_labels, block_mask, sample_anchors
 
-__all__ = ["AcceptanceReport", "accept_lengths", "cluster_mean_se", "draft_blocks", "teacher_forced_acceptance"]
+__all__ = ["AcceptanceReport", "accept_lengths", "block_states", "cluster_mean_se", "draft_blocks",
+           "teacher_forced_acceptance"]
 
 
 def accept_lengths(drafts: Tensor, labels: Tensor) -> Tensor:
@@ -104,6 +105,23 @@ class AcceptanceReport:
         return {**out, **self.extra}
 
 
+def block_states(drafter: DFlashDrafter, embed: nn.Module, ids: Tensor, feats: Tensor,
+                 anchors: Tensor) -> tuple[Tensor, Tensor]:
+    """The drafter's hidden states of the blocks anchored at ``anchors``, as a decoding round
+    anchored there computes them: ``ids [bs, T]``, ``feats [bs, T, K*H]``, ``anchors [bs, N]``
+    (``-1``: padding) -> hidden ``[bs, N, B, H]`` (after the final norm; slot 0 is the anchor's)
+    and the anchors' tokens ``[bs, N]``. Every block sees the features strictly before its
+    anchor and itself (`block_mask`)."""
+    dev = drafter.fc.weight.device
+    ids, feats, anchors = ids.to(dev), feats.to(dev), anchors.to(dev)
+    bs, width = ids.shape
+    context = drafter.project_context(feats, torch.arange(width, device=dev).expand(bs, width))
+    q_ids, q_pos = block_inputs(ids, anchors, drafter.block_size, drafter.mask_token_id)
+    hidden = drafter(embed(q_ids), q_pos, context, block_mask(anchors, width, drafter.block_size))
+    return (hidden.view(bs, anchors.shape[1], drafter.block_size, -1),
+            q_ids.view(bs, -1, drafter.block_size)[:, :, 0])
+
+
 @torch.no_grad()
 def draft_blocks(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, ids: Tensor, feats: Tensor,
                  anchors: Tensor, head_ids: Tensor | None = None, labels: Tensor | None = None) -> Tensor:
@@ -124,12 +142,8 @@ def draft_blocks(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, ids:
     draft equalled its label, so the drafted previous tokens *are* the labels (Domino's
     candidate pool aside: the teacher-forced correction scores every row)."""
     dev = drafter.fc.weight.device
-    ids, feats, anchors = ids.to(dev), feats.to(dev), anchors.to(dev)
-    bs, width = ids.shape
-    context = drafter.project_context(feats, torch.arange(width, device=dev).expand(bs, width))
-    q_ids, q_pos = block_inputs(ids, anchors, drafter.block_size, drafter.mask_token_id)
-    hidden = drafter(embed(q_ids), q_pos, context, block_mask(anchors, width, drafter.block_size))
-    blocks = hidden.view(bs, anchors.shape[1], drafter.block_size, -1)
+    blocks, anchor_ids = block_states(drafter, embed, ids, feats, anchors)
+    anchors = anchors.to(dev)
     hidden = blocks[:, :, 1:]
     if isinstance(drafter, DSparkDrafter) and drafter.dspark.sample_from_anchor:
         raise ValueError("teacher-forced acceptance scores DFlash's query layout; this DSpark drafter samples "
@@ -138,7 +152,6 @@ def draft_blocks(drafter: DFlashDrafter, embed: nn.Module, head: nn.Module, ids:
         raise ValueError("teacher-forced acceptance scores DFlash's query layout; this Domino drafter reads "
                          "its proposals from slot 0 (shift_label = true)")
     mapped = (lambda x: x) if head_ids is None else (lambda x: head_ids.to(dev)[x])  # noqa: E731
-    anchor_ids = q_ids.view(bs, -1, drafter.block_size)[:, :, 0]
     if labels is None:
         if drafter.family != "dflash":  # the family head's own rollout
             return drafter.head.rollout(blocks, anchor_ids, embed_tokens=embed, lm_head=head,
