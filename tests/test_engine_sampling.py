@@ -97,10 +97,12 @@ def exact_pair_marginal(target, prompt, params, steps):
     return pair
 
 
-@pytest.mark.parametrize("budget", [False, True], ids=["fixed-budget", "budget-policy"])
-def test_tokens_decided_by_shifted_rows_follow_the_target_distribution(budget):
+@pytest.mark.parametrize(("budget", "threshold"), [(False, None), (True, None), (False, 0.3)],
+                         ids=["fixed-budget", "budget-policy", "verify-threshold"])
+def test_tokens_decided_by_shifted_rows_follow_the_target_distribution(budget, threshold):
     """Later tokens (5 and 6), emitted in rounds whose trees hold shifted rows, and
-    often accepted through them, have the target's joint distribution."""
+    often accepted through them, have the target's joint distribution (also with rows cut
+    where the drafter's confidence runs out)."""
     from sglang_reanchor.budget import BudgetPolicy
 
     steps = 6
@@ -108,8 +110,8 @@ def test_tokens_decided_by_shifted_rows_follow_the_target_distribution(budget):
     target.generation_config.eos_token_id = target.config.eos_token_id = None
     drafter = tiny_drafter(target, block_size=4, seed=5)
     policy = BudgetPolicy(verify_seconds={1: 1.0, 4: 1.0, 24: 1.5}, candidates=(3, 8, 24), explore_every=2) if budget else None
-    gen = SpeculativeGenerator(target, drafter, ReAnchorConfig(offsets=(1, 2), policy="offset", node_budget=24),
-                               budget_policy=policy)
+    config = ReAnchorConfig(offsets=(1, 2), policy="offset", node_budget=24, verify_threshold=threshold)
+    gen = SpeculativeGenerator(target, drafter, config, budget_policy=policy)
     prompt = torch.tensor([[1, 3, 0]])
     params = SamplingParams(temperature=1.0)
     pair = exact_pair_marginal(target, prompt, params, steps)

@@ -100,13 +100,14 @@ def _with_shipped_defaults(tmp_path, drafter, config: dict, dtype: str = "float3
 def test_cpu_server_takes_the_drafter_folders_defaults_for_this_machine(tiny_dirs, tmp_path):
     target, drafter = tiny_dirs
     shipped = {"offsets": [1], "policy": "offset", "node_budget": 6, "max_depth": 3, "draft_vocab": 8}
-    folder = _with_shipped_defaults(tmp_path, drafter, shipped)
+    # verify_threshold is the reference engine's: the server takes the rest of the entry
+    folder = _with_shipped_defaults(tmp_path, drafter, {**shipped, "verify_threshold": 0.3})
     dirs = (target, folder)
     got, out = resolve(dirs, "--dtype", "float32")
     assert got is not None, out.stderr[-4000:]
     assert got["speculative_num_draft_tokens"] == 1 + 2 * 8  # the window of offsets (1,): 1 + 2 rows x 8
     served = json.loads(got["env_config"])  # written for the scheduler processes
-    assert {k: served[k] for k in shipped} == {**shipped}
+    assert {k: served[k] for k in shipped} == {**shipped} and "verify_threshold" not in served
     assert "defaults for this CPU" in out.stderr
     # another dtype is another machine kind: the paper's configuration, said so
     got, out = resolve(dirs, "--dtype", "bfloat16")

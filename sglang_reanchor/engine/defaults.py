@@ -57,6 +57,10 @@ CPU_CANDIDATES: tuple[ReAnchorConfig, ...] = (
     ReAnchorConfig(policy="offset", offsets=(1, 2, 3), node_budget=12, max_depth=6, draft_vocab=8192),
     # one row, deeper: where a verified node is cheap (AMX bfloat16: 8 nodes cost ~1.1 steps)
     ReAnchorConfig(policy="offset", offsets=(1,), node_budget=8, max_depth=6, draft_vocab=8192),
+    # one row to depth 6, each row cut where the drafter's confidence runs out: deep only where it is
+    # sure (Zen 4 AVX-512 BF16: 3 nodes a round instead of 9, 1.26x plain against 1.19x uncut)
+    ReAnchorConfig(policy="offset", offsets=(1,), node_budget=9, max_depth=6, draft_vocab=8192,
+                   verify_threshold=0.3),
 )
 # Measured on first use where nothing shipped or cached fits: neither is from an evaluation set.
 MEASURE_PROMPTS: tuple[str, ...] = (

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,9 @@ def format_confidence_report(report: dict[str, Any]) -> str:
         row = [f"{i + 1:3d} | {f['verified']:15.2f} {f['accepted']:9.3f}"]
         for k, rows in v["curve"]["matched"].items():
             m = rows[i]
+            if math.isnan(m["accepted_gain"]):  # the cap verifies less than any threshold does
+                row.append("-")
+                continue
             row.append(f"{m['fixed_accepted'] + m['accepted_gain']:.3f} ({m['accepted_gain']:+.3f}), "
                        f"{m['verified_ratio']:.2f}x")
         lines.append(" | ".join(row))
