@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import DFlashConfig
-from .heads import check_rollout_inputs, chosen_prob, vocab_view
+from .heads import RolloutHead, check_rollout_inputs, chosen_prob, vocab_view
 from .model import DFlashDrafter
 
 __all__ = ["DEFAULT_CANDIDATE_POOL_SIZE", "DominoDrafter", "DominoHead", "DominoSettings"]
@@ -120,7 +120,7 @@ class DominoSettings:
                 place[name] = value
 
 
-class DominoHead:
+class DominoHead(RolloutHead):
     """Domino's greedy rollout of a block (see the module docstring).
 
     Holds the drafter's ``prefix_gru`` and ``embed_proj`` (references, not copies).
@@ -149,23 +149,15 @@ class DominoHead:
     def max_drafts(self, width: int) -> int:
         return width - 1
 
-    def rollout(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module, lm_head: nn.Module,
-                num_drafts: int, vocab_size: int | None = None) -> Tensor:
-        """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens
-        ``anchors [bs, R]`` (`heads.DraftHead.rollout`). The first ``n`` of the ``W - 1``
-        proposals: the candidate pool is the whole block's, so they do not depend on ``n``."""
-        return self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, False)[0]
-
-    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module, lm_head: nn.Module,
-                           num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
-        """`heads.DraftHead.rollout_with_probs`: the first draft's over the base logits, a later one's
-        over the corrected scores (of the candidate pool where the rollout uses one)."""
-        drafts, probs = self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, True)
-        assert probs is not None
-        return drafts, probs
-
-    def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module, lm_head: nn.Module,
+    def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
                  num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+        """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens ``anchors [bs, R]``:
+        the first ``n`` of the ``W - 1`` proposals (the candidate pool is the whole block's, so they do
+        not depend on ``n``); with ``with_probs`` each draft's probability, the first over the base
+        logits, a later one over the corrected scores (of the pool where one is used)."""
+        if embed_tokens is None:
+            raise ValueError("a Domino rollout needs embed_tokens (the target's input embedding): its GRU "
+                             "reads the anchor and the drafts")
         width = hidden.shape[2]
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(width))
         bs, num_blocks, _, h = hidden.shape

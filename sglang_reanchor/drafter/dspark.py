@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from .config import DFlashConfig
 from .domino import projector_type
-from .heads import check_rollout_inputs, chosen_prob, vocab_view
+from .heads import RolloutHead, check_rollout_inputs, chosen_prob, vocab_view
 from .model import DFlashDrafter
 
 __all__ = ["DSPARK_ARCHITECTURES", "DSparkConfidenceHead", "DSparkDrafter", "DSparkHead", "DSparkSettings",
@@ -215,7 +215,7 @@ class DSparkConfidenceHead(nn.Module):
         self.proj = nn.Linear(hidden_size + (markov_rank if with_markov else 0), 1)
 
 
-class DSparkHead:
+class DSparkHead(RolloutHead):
     """DSpark's greedy Markov rollout of a block (see the module docstring)."""
 
     family = "dspark"
@@ -254,22 +254,11 @@ class DSparkHead:
         bs, num_blocks, _, h = hidden.shape
         return hidden[:, :, start:start + n].reshape(bs * num_blocks, n, h)
 
-    def rollout(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
-                lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> Tensor:
-        """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens
-        ``anchors [bs, R]`` (`heads.DraftHead.rollout`; ``embed_tokens`` is not used, the
-        Markov head embeds the previous token itself)."""
-        return self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, False)[0]
-
-    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
-                           lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
-        """`heads.DraftHead.rollout_with_probs`: the probabilities of the base logits plus the Markov bias."""
-        drafts, probs = self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, True)
-        assert probs is not None
-        return drafts, probs
-
-    def _rollout(self, hidden: Tensor, anchors: Tensor, lm_head: nn.Module, num_drafts: int,
-                 vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+    def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
+                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+        """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens ``anchors [bs, R]``,
+        and (``with_probs``) their probabilities under the base logits plus the Markov bias
+        (``embed_tokens`` is not used: the Markov head embeds the previous token itself)."""
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(hidden.shape[2]))
         bs, num_blocks, n = anchors.shape[0], anchors.shape[1], num_drafts
         rows = bs * num_blocks

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from .draft_vocab import DraftVocabHead
 
-__all__ = ["ArgmaxHead", "DraftHead", "VocabView", "check_rollout_inputs", "chosen_prob", "vocab_view"]
+__all__ = ["ArgmaxHead", "DraftHead", "RolloutHead", "VocabView", "check_rollout_inputs", "chosen_prob", "vocab_view"]
 
 
 class DraftHead(Protocol):
@@ -124,8 +124,30 @@ def chosen_prob(scores: Tensor) -> Tensor:
     return (x.amax(dim=-1) - x.logsumexp(dim=-1)).exp()
 
 
-class ArgmaxHead:
-    """DFlash: slot ``i`` (``1 <= i <= n``) drafts ``argmax(lm_head(hidden[..., i, :]))``."""
+class RolloutHead:
+    """`DraftHead.rollout` and `DraftHead.rollout_with_probs` over a head's one ``_rollout``,
+    which computes the probabilities only when asked."""
+
+    def rollout(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
+                lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> Tensor:
+        """See `DraftHead.rollout`."""
+        return self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, False)[0]
+
+    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
+                           lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
+        """See `DraftHead.rollout_with_probs`."""
+        drafts, probs = self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, True)
+        assert probs is not None
+        return drafts, probs
+
+    def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
+                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+
+class ArgmaxHead(RolloutHead):
+    """DFlash: slot ``i`` (``1 <= i <= n``) drafts ``argmax(lm_head(hidden[..., i, :]))``
+    (``embed_tokens`` is not used: DFlash drafts are independent)."""
 
     family = "dflash"
 
@@ -133,20 +155,8 @@ class ArgmaxHead:
         """Drafts a block of ``width`` query slots yields (slot 0 is the anchor)."""
         return width - 1
 
-    def rollout(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
-                lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> Tensor:
-        """See `DraftHead.rollout` (``embed_tokens`` is not used: DFlash drafts are independent)."""
-        return self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, False)[0]
-
-    def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
-                           lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
-        """See `DraftHead.rollout_with_probs`."""
-        drafts, probs = self._rollout(hidden, anchors, lm_head, num_drafts, vocab_size, True)
-        assert probs is not None
-        return drafts, probs
-
-    def _rollout(self, hidden: Tensor, anchors: Tensor, lm_head: nn.Module, num_drafts: int,
-                 vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+    def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
+                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(hidden.shape[2]))
         bs, rows, n = anchors.shape[0], anchors.shape[1], num_drafts
         # Logits for slots 0..n, slot 0 dropped after: the same drafts, and on CPU a GEMM
