@@ -22,6 +22,14 @@ development prompts, `bench`). The ``branch_rows`` best alternatives of the top
 rows, so a node budget drops the least likely first), each ``branch_length`` tokens
 long. All widths are host numbers: nothing here reads the device.
 
+With ``verify_threshold = p`` the same rule that cuts the drafted rows cuts the
+branches: a branch token is verified only while the drafter's chance of the path
+reaching it with every token right stays ``>= p``, its score times the baseline's
+later probabilities, ``score(t, c) * prod_{t < i <= t+k} q_i`` for its ``k``-th
+token after ``c``. A branch whose score is below ``p`` is dropped (``sites = -1``).
+So a round branches where the drafter hesitates and runs a plain chain where it is
+sure, with no budget to tune.
+
 >>> import torch
 >>> from sglang_reanchor.config import ReAnchorConfig
 >>> baseline = torch.tensor([[9, 1, 2, 3]])                    # bonus 9, drafts 1 2 3
@@ -32,6 +40,8 @@ long. All widths are host numbers: nothing here reads the device.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -84,4 +94,29 @@ def branch_candidates(baseline: Tensor, logits: Tensor, config: ReAnchorConfig,
     later = baseline.gather(1, (depth[:, :, None] + j).clamp(max=width - 1).reshape(bs, -1)).view(bs, m, width)
     tokens = torch.where(j == 0, alt[:, :, None], later)
     lengths = torch.minimum(torch.full_like(depth, config.branch_length), width - depth)
-    return Branches(tokens=tokens, sites=depth, lengths=lengths)
+    sites = depth
+    if config.verify_threshold is not None:
+        sites, lengths = _cut(q, score.gather(1, best), depth, lengths, min(config.branch_length, width),
+                              config.verify_threshold)
+    return Branches(tokens=tokens, sites=sites, lengths=lengths)
+
+
+def _cut(q: Tensor, score: Tensor, depth: Tensor, lengths: Tensor, max_length: int,
+         threshold: float) -> tuple[Tensor, Tensor]:
+    """``(sites, lengths)`` of branches cut where their running score falls below ``threshold``.
+
+    ``q [bs, n]``: the baseline drafts' probabilities; ``score``, ``depth``, ``lengths`` ``[bs, M]``;
+    ``max_length``: a host bound on ``lengths`` (no device read).
+    Token ``k`` of a branch at depth ``t`` scores ``score * prod_{t < i <= t+k} q_i``; past slot
+    ``n`` nothing says how sure the drafter is, so nothing is kept there.
+    """
+    n = q.shape[1]
+    log_q = torch.nn.functional.pad(q.clamp(min=1e-30).log().cumsum(dim=1), (1, 0))  # [bs, 1+n]: sum_{i<=j}
+    k = torch.arange(max_length, device=q.device)
+    slot = depth[:, :, None] + k  # [bs, M, K]: the baseline slot of each branch token
+    later = (log_q.gather(1, slot.clamp(max=n).flatten(1)).view_as(slot)
+             - log_q.gather(1, depth)[:, :, None])
+    running = score.clamp(min=1e-30).log()[:, :, None] + later
+    keep = (running >= math.log(threshold)) & (slot <= n) & (k < lengths[:, :, None])
+    kept = keep.sum(dim=-1)  # the running score only falls: the kept tokens lead
+    return torch.where(kept > 0, depth, -1), kept.clamp(min=1)

@@ -98,6 +98,8 @@ class ReAnchorConfig:
         of them: on hardware where verify cost grows with the node count (CPUs) the
         same tokens per round for fewer nodes. The baseline keeps at least one draft; a
         shifted row keeps its anchor; a row is attached only below a kept baseline node.
+        Branches are cut by the same rule (`sglang_reanchor.branching`): a round then
+        branches only where the drafter hesitates.
         Only the tree changes, never the output. None (the default): no cut.
     max_requests:
         Cap on the number of requests whose rejected suffix is held at once.

@@ -133,6 +133,24 @@ def test_verify_threshold_cases_cut_their_trees(tmp_path):
     assert cases >= 10 and cut < 0.8 * full and deep >= 5, (cases, cut, full, deep)
 
 
+def test_cut_branches_are_lossless_and_accepted(tmp_path):
+    """Branches cut by ``verify_threshold`` (`branching`): tokens equal HF greedy, the cut drops
+    branch nodes, and some rounds still accept a branch (the random cases' drafters are too unsure
+    for their thresholds to keep any)."""
+    accepted = cut = full = 0
+    for case in range(0, NUM_CASES, 4):
+        target, drafter, config, prompt, max_new = make_case(case, tmp_path)
+        config = config.replace(branch_width=2, branch_rows=8, branch_length=3, verify_threshold=0.02)
+        ours = SpeculativeGenerator(target, drafter, config).generate(prompt, max_new, method="reanchor")
+        assert ours.tokens == hf_greedy(target, prompt, max_new), config
+        uncut = SpeculativeGenerator(target, drafter, config.replace(verify_threshold=None)).generate(
+            prompt, max_new, method="reanchor")
+        accepted += sum(ours.branch_accepts)
+        cut += sum(ours.tree_sizes) / max(len(ours.tree_sizes), 1)  # nodes a round (none: max_new = 1)
+        full += sum(uncut.tree_sizes) / max(len(uncut.tree_sizes), 1)
+    assert accepted >= 3 and cut < 0.8 * full, (accepted, cut, full)
+
+
 def test_eos_stops_generation():
     """Output ends at the first EOS exactly like HF generate, whichever round it falls in."""
     for seed in range(10):

@@ -1,0 +1,120 @@
+"""Branch selection (`sglang_reanchor.branching`) against a plain-Python enumeration of every alternative."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from sglang_reanchor.branching import branch_candidates
+from sglang_reanchor.config import ReAnchorConfig
+
+
+def reference_branches(baseline, probs, width, rows, length, threshold):
+    """Every (depth, alternative) scored by hand, the best ``rows`` kept, each cut by ``threshold``.
+
+    ``probs[t-1]``: the drafter's distribution at slot t (a list of floats), its argmax the draft g_t.
+    Returns ``([(site, tokens)], margin)``, best first, site -1 (and no tokens) for a dropped
+    branch; ``margin``: the smallest relative gap between two scores or a score and the threshold
+    (where float32 rounding could decide).
+    """
+    n, block = len(probs), len(baseline)
+    q = [p[baseline[t]] for t, p in enumerate(probs, start=1)]  # p_t(g_t)
+    scored = []
+    for t in range(1, n + 1):
+        reach = math.prod(q[: t - 1])
+        ranked = sorted(range(len(probs[t - 1])), key=lambda c: -probs[t - 1][c])
+        scored += [(reach * probs[t - 1][c], t, c) for c in ranked[1 : 1 + width]]
+    scored.sort(key=lambda x: -x[0])
+    values = [x[0] for x in scored]
+    out = []
+    for score, t, c in scored[:rows]:
+        tokens = [c] + [baseline[t + k] for k in range(1, block - t)]
+        keep = min(length, block - t)
+        if threshold is not None:
+            kept, running = 0, score
+            while kept < keep and t + kept <= n:
+                values.append(running)
+                if running < threshold:
+                    break
+                kept += 1
+                running *= q[t + kept - 1] if t + kept <= n else 0.0
+            if kept == 0:
+                out.append((-1, []))
+                continue
+            keep = kept
+        out.append((t, tokens[:keep]))
+    ref = sorted(values + ([threshold] if threshold is not None else []))
+    margin = min((abs(a - b) / max(a, b, 1e-300) for a, b in zip(ref, ref[1:])), default=1.0)
+    return out, margin
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_branches_equal_the_enumeration(data):
+    """The chosen branches, their order, sites and kept tokens, with and without a threshold."""
+    vocab = data.draw(st.integers(3, 7))
+    block = data.draw(st.integers(2, 7))
+    n = data.draw(st.integers(1, block - 1))
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    width = data.draw(st.integers(1, vocab - 1))
+    rows = data.draw(st.integers(1, 6))
+    length = data.draw(st.integers(1, block))
+    threshold = data.draw(st.one_of(st.none(), st.floats(0.001, 1.0)))
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, n, vocab, generator=gen) * 2
+    probs = logits.float().softmax(-1)  # what branch_candidates scores
+    baseline = [int(torch.randint(vocab, (1,), generator=gen))] + probs[0].argmax(-1).tolist()
+    baseline += torch.randint(vocab, (block - 1 - n,), generator=gen).tolist()  # drafts past the logits
+    cfg = ReAnchorConfig(branch_width=width, branch_rows=rows, branch_length=length, verify_threshold=threshold)
+    got = branch_candidates(torch.tensor([baseline]), logits, cfg)
+    want, margin = reference_branches(baseline, probs[0].tolist(), width, rows, length, threshold)
+    assume(margin > 1e-4)  # where float32 rounding decides, either answer is right
+    assert len(want) == got.sites.shape[1]
+    for m, (site, tokens) in enumerate(want):
+        assert int(got.sites[0, m]) == site
+        if site > 0:
+            assert got.tokens[0, m, : int(got.lengths[0, m])].tolist() == tokens
+
+
+def test_threshold_drops_unlikely_branches_and_cuts_the_sure_ones_late():
+    # slot 1 hesitates (0.5 / 0.4), slot 2 is sure (0.95), slot 3 is not (0.5)
+    probs = torch.tensor([[[0.5, 0.4, 0.1], [0.03, 0.95, 0.02], [0.5, 0.3, 0.2]]])
+    baseline = torch.tensor([[2, 0, 1, 0]])
+    cfg = ReAnchorConfig(branch_width=1, branch_rows=3, branch_length=3)
+    plain = branch_candidates(baseline, probs.log(), cfg)
+    # scores: (1, 1) 0.4; (2, 0) 0.5 * 0.03; (3, 1) 0.5 * 0.95 * 0.3 = 0.1425
+    assert plain.sites.tolist() == [[1, 3, 2]] and plain.lengths.tolist() == [[3, 1, 2]]
+    cut = branch_candidates(baseline, probs.log(), cfg.replace(verify_threshold=0.2))
+    # the best: 0.4, then * 0.95 = 0.38, then * 0.5 = 0.19 < 0.2 -> 2 tokens; 0.1425 and 0.015 dropped
+    assert cut.sites.tolist() == [[1, -1, -1]] and cut.lengths[0, 0].item() == 2
+    assert cut.tokens[0, 0, :2].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("threshold", [None, 0.05])
+def test_branches_over_a_draft_vocabulary_name_target_tokens(threshold):
+    token_ids = torch.tensor([40, 10, 30, 20])
+    logits = torch.log(torch.tensor([[[0.1, 0.6, 0.2, 0.1], [0.7, 0.1, 0.1, 0.1]]]))
+    baseline = torch.tensor([[5, 10, 40]])
+    cfg = ReAnchorConfig(branch_width=1, branch_rows=1, branch_length=2, verify_threshold=threshold)
+    b = branch_candidates(baseline, logits, cfg, token_ids)
+    # the best alternative is slot 1's 2nd choice, column 2 = token 30 (score 0.2), then g_2 = 40 (x 0.7)
+    assert b.sites.tolist() == [[1]] and b.tokens[0, 0, :2].tolist() == [30, 40] and b.lengths.tolist() == [[2]]
+
+
+@pytest.mark.parametrize("threshold", [None, 0.05])
+def test_branch_selection_reads_nothing_from_the_device(threshold):
+    """Widths come from the config, never from the drafts: no host sync (`audit.SyncDetector`)."""
+    from sglang_reanchor.audit import SyncDetector
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 6, 50, generator=gen)
+    baseline = torch.cat([torch.randint(50, (4, 1), generator=gen), logits.argmax(-1),
+                          torch.randint(50, (4, 9), generator=gen)], dim=1)  # W = 16, n = 6
+    cfg = ReAnchorConfig(branch_width=2, branch_rows=4, branch_length=3, verify_threshold=threshold)
+    with SyncDetector() as syncs:
+        branch_candidates(baseline, logits, cfg)
+    syncs.assert_none()
