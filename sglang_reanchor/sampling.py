@@ -15,6 +15,7 @@ Two ways to draw:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -126,21 +127,49 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
+def _mix32_int32(x: Tensor) -> Tensor:
+    """`_mix32` on int32 tensors, bit for bit (as unsigned): products wrap modulo 2**32, and the
+    masks make the arithmetic right shifts logical. A quarter of the int64 version's cost on
+    ``[M, V]``, the largest array a draw hashes."""
+    x = x.clone()
+    x ^= x.bitwise_right_shift(16).bitwise_and_(0xFFFF)  # in place: the array is [M, V]
+    x.mul_(0x7FEB352D)
+    x ^= x.bitwise_right_shift(15).bitwise_and_(0x1FFFF)
+    x.mul_(0x5BD1E995)
+    x ^= x.bitwise_right_shift(16).bitwise_and_(0xFFFF)
+    return x
+
+
+def _as_int32(x: Tensor) -> Tensor:
+    """int64 values in [0, 2**32) as the int32 with the same bits (explicitly: a cast of an
+    out-of-range value is not defined to wrap)."""
+    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_hash(vocab: int, device: torch.device) -> Tensor:
+    """``_mix32(id * 2 + c)`` for every token id, ``[V]`` int32 (the same for every draw: computed once)."""
+    ids = torch.arange(vocab, device=device, dtype=torch.long)
+    return _as_int32(_mix32(ids * 2 + 0x632BE5AB))
+
+
 def seeded_draw(probs: Tensor, seeds: Tensor, positions: Tensor) -> Tensor:
     """One token per row of ``probs`` (``[M, V]``), a pure function of ``(seed, position, probs)``.
 
     ``seeds``, ``positions``: ``[M]`` long (the position is the one of the token
-    the row follows). Gumbel-max: ``argmax(log p + g)`` with ``g`` hashed from
-    ``(seed, position, token id)``, so it samples exactly ``probs``, and rows
-    with equal seed and position (siblings in a draft tree) share their noise.
+    the row follows). Gumbel-max, ``argmax(log p - log E)`` with ``E = -log u``
+    and ``u`` hashed from ``(seed, position, token id)`` (32 bits), written as
+    the exponential race ``argmax(p / E)``: one logarithm per token. It samples
+    exactly ``probs``; rows with equal seed and position (siblings in a draft
+    tree) share their noise, and a draw moves only where two tokens nearly tie,
+    so numerics of a tree's verify against plain decoding's rarely change it.
     """
     seeds, positions = seeds.long(), positions.long()
     key = _mix32(_mix32(seeds ^ (seeds >> 32)) ^ _mix32(positions * 2 + 1))  # [M]
-    vocab = torch.arange(probs.shape[-1], device=probs.device, dtype=torch.long)
-    bits = _mix32(key[:, None] ^ _mix32(vocab * 2 + 0x632BE5AB)[None])  # [M, V]
-    uniform = (bits.double() + 0.5) / 2.0**32  # in (0, 1): no infinite noise
-    gumbel = -torch.log(-torch.log(uniform))
-    return (probs.double().log() + gumbel).argmax(-1)
+    bits = _mix32_int32(_as_int32(key)[:, None] ^ _vocab_hash(probs.shape[-1], probs.device)[None])  # [M, V]
+    # the bits as unsigned (exact in float64), then u = (bits + 0.5) / 2**32 in (0, 1)
+    uniform = bits.double().remainder_(2.0**32).add_(0.5).div_(2.0**32)
+    return (probs.double() / uniform.log_().neg_()).argmax(-1)  # E = -log u > 0 and finite
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,28 @@ def test_a_seed_gives_plain_decodings_tokens_at_t_above_zero(case):
             assert out.tokens == plain.tokens, (method, seed)
     assert gen.generate(prompt, 40, method="target", seed=case, **sampling).tokens != \
         gen.generate(prompt, 40, method="target", seed=case + 1, **sampling).tokens  # the seed matters
+
+
+def test_seeded_draw_never_draws_a_zero_probability_token():
+    # zeros first, inside and last: the inverse CDF must step over each of them whatever the uniform
+    probs = torch.tensor([[0.0, 0.3, 0.0, 0.0, 0.7, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    n = 20_000
+    draws = seeded_draw(probs.repeat(n, 1), torch.arange(2 * n), torch.full((2 * n,), 3)).view(n, 2)
+    assert set(draws[:, 0].tolist()) == {1, 4} and set(draws[:, 1].tolist()) == {5}
+    assert abs((draws[:, 0] == 4).double().mean().item() - 0.7) < 0.015  # ~4.6 sigma at n = 20k
+
+
+def test_seeded_draw_equals_the_gumbel_max_it_computes_faster():
+    # the int32 hash equals the int64 one bit for bit, and argmax(p / E) equals argmax(log p - log E)
+    from sglang_reanchor.sampling import _as_int32, _mix32, _mix32_int32
+
+    x = torch.randint(0, 2**32, (4096,), generator=torch.Generator().manual_seed(1), dtype=torch.long)
+    assert torch.equal(_mix32_int32(_as_int32(x)).long() & 0xFFFFFFFF, _mix32(x))
+    gen = torch.Generator().manual_seed(2)
+    probs = (torch.randn(64, 3000, generator=gen) * 3).softmax(-1)
+    probs[:, ::7] = 0.0
+    seeds, positions = torch.randint(0, 2**40, (64,), generator=gen), torch.randint(0, 4096, (64,), generator=gen)
+    key = _mix32(_mix32(seeds ^ (seeds >> 32)) ^ _mix32(positions * 2 + 1))
+    bits = _mix32(key[:, None] ^ _mix32(torch.arange(3000) * 2 + 0x632BE5AB)[None])
+    gumbel = -torch.log(-torch.log((bits.double() + 0.5) / 2.0**32))
+    assert torch.equal(seeded_draw(probs, seeds, positions), (probs.double().log() + gumbel).argmax(-1))
