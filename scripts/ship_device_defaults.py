@@ -8,8 +8,8 @@ plain decoding and each CPU candidate on two built-in prompts), three times, and
 candidate that won most often (ties: the higher median tokens/s) with its median tokens/s and
 plain decoding's into ``sglang_reanchor/assets/smollm2-135m-dflash-b16/device_defaults.json``,
 under this machine's key (CPU model, bfloat16 flags, torch threads, dtype); an entry with the
-same key is replaced, its ``served`` fields too (measured under load for the old choice: measure them
-again with ``scripts/load_bench.py``). The entry records plain decoding's speed beside the winner's, so that a
+same key is replaced; its ``served`` fields are kept where the same config wins again, and dropped
+otherwise (measured under load for the old choice: measure them again with ``scripts/load_bench.py``). The entry records plain decoding's speed beside the winner's, so that a
 machine where no candidate beats plain decoding says so (the demo prints both). Run it with
 nothing else on the machine.
 """
@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     entry = {"key": key, "config": config, "tokens_per_s": round(speed, 2), "plain_tokens_per_s": round(plain, 2),
              "wins": f"{wins[best]}/{len(runs)}", "command": " ".join(["python", *sys.argv]),
              "drafter_sha256": weights}  # the speeds were measured with these weights
+    old = next((e for e in data["entries"] if e["key"] == key), None)
+    if old is not None and old.get("served") and old["config"] == config:
+        entry["served"] = old["served"]  # measured under load for this same config: still its shape
     data["entries"] = [e for e in data["entries"] if e["key"] != key] + [entry]
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}: {entry}")

@@ -18,8 +18,9 @@ the result is `PAPER_CONFIG`. The choice is the fastest *speculative* setting; i
 decoding's speed beside its own, because on some CPUs none beats plain decoding with a given
 drafter (the 2-core AVX2 EPYC of 2026-12-03, float32, drafter v6: a round costs 2.3 decode steps
 while tau is 1.6-1.9, so the best setting runs at 0.76x; results/2026-12-03_v6-4dd68a761ab8/). Where a
-verified node is nearly free (a 2-core Xeon with AMX-BF16, bfloat16: 8 nodes cost 1.09x one token) the
-shipped entry runs at 1.13x the fastest plain decoding (results/2026-12-04_amx_v6-4dd68a761ab8/).
+verified node is cheap (a 2-core Xeon with AMX-BF16, bfloat16: ~0.8 ms a node against ~40 ms a token)
+the shipped entry, one shifted row plus four branches at 16 nodes, runs at 1.14x the fastest plain
+decoding and 1.04x the chain (results/2026-12-05_amx-defaults_v7-3ec5d29a511d/).
 
 >>> PAPER_CONFIG == ReAnchorConfig()
 True
@@ -61,6 +62,10 @@ CPU_CANDIDATES: tuple[ReAnchorConfig, ...] = (
     # sure (Zen 4 AVX-512 BF16: 3 nodes a round instead of 9, 1.26x plain against 1.19x uncut)
     ReAnchorConfig(policy="offset", offsets=(1,), node_budget=9, max_depth=6, draft_vocab=8192,
                    verify_threshold=0.3),
+    # one row plus the drafter's 4 likeliest runner-up tokens (3-token branches): where nodes are cheap, the
+    # runner-ups add more tau than more shifted rows (AMX bfloat16, 24 nodes: 1.19x the chain's tau)
+    ReAnchorConfig(policy="offset", offsets=(1,), node_budget=16, max_depth=6, draft_vocab=8192,
+                   branch_width=2, branch_rows=4, branch_length=3),
 )
 # Measured on first use where nothing shipped or cached fits: neither is from an evaluation set.
 MEASURE_PROMPTS: tuple[str, ...] = (
