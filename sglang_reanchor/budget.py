@@ -138,9 +138,12 @@ class BatchBudget:
     with one request the full tree, as the batch grows fewer nodes each, down to
     ``b = 1`` (the root alone: no drafter forward, plain decoding's cost). ``tau(b)``
     is pooled over the requests (a moving average of the batch mean), learnt as in
-    `BudgetState`: a round verified with ``B`` tells every ``b <= B``; exploration
-    rounds verify the largest candidate whose batch stays inside the measured verify
-    curve. The budget never changes which token is accepted.
+    `BudgetState`: a round verified with ``B`` tells every ``b <= B``. Exploration: once,
+    the largest candidate whose batch stays inside the measured verify curve; then every
+    ``explore_every``-th round the largest one whose round costs at most ``explore_cost``
+    times the chosen one, so that a big batch that pays for the root alone is not made to
+    verify wide trees, again and again, to learn what it would not choose. Measured round times correct the profile per batch
+    size and budget (`record_seconds`). The budget never changes which token is accepted.
 
     Parameters
     ----------
@@ -154,6 +157,8 @@ class BatchBudget:
         Per round, besides the two forwards.
     candidates:
         Per-request budgets to choose from (1 is always added).
+    explore_cost:
+        Most an exploration round may cost, in rounds of the chosen budget (>= 1).
     """
 
     verify_seconds: Mapping[int, float]
@@ -162,10 +167,13 @@ class BatchBudget:
     fixed_seconds: float = 0.0
     candidates: tuple[int, ...] = (2, 4, 8, 16)
     explore_every: int = 8
+    explore_cost: float = 1.5
     decay: float = 0.9
     tau: dict[int, float] = field(default_factory=dict)
     rounds: int = 0
-    correction: dict[int, float] = field(default_factory=dict)  # budget -> measured / predicted seconds
+    # (batch size, budget) -> measured / predicted seconds: serving's extra cost per round
+    # (host work, the drafter's batch) differs with both
+    correction: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("verify_seconds", "draft_seconds"):
@@ -178,6 +186,8 @@ class BatchBudget:
         self.candidates = cands
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"BatchBudget.decay must be in [0, 1), got {self.decay!r}")
+        if not self.explore_cost >= 1.0:
+            raise ValueError(f"BatchBudget.explore_cost must be >= 1, got {self.explore_cost!r}")
         self.tau.setdefault(1, 1.0)  # the root alone: always the bonus token
 
     def predicted_seconds(self, bs: int, budget: int) -> float:
@@ -187,28 +197,38 @@ class BatchBudget:
 
     def round_seconds(self, bs: int, budget: int) -> float:
         """Expected seconds of such a round: the profile's, times what `record_seconds` measured
-        of rounds with this budget (the mean correction of the others while it has none)."""
-        known = self.correction.get(budget)
+        of rounds of this batch size and budget (else the mean correction of this budget's
+        rounds at other sizes, else of all rounds)."""
+        known = self.correction.get((bs, budget))
         if known is None:
-            known = sum(self.correction.values()) / len(self.correction) if self.correction else 1.0
+            same = [r for (_, b), r in self.correction.items() if b == budget]
+            pool = same or list(self.correction.values())
+            known = sum(pool) / len(pool) if pool else 1.0
         return self.predicted_seconds(bs, budget) * known
 
     def record_seconds(self, bs: int, budget: int, seconds: float) -> None:
         """A round's measured wall time: the profile (measured outside the server, on one
         request's forward) misses what serving adds per round (scheduling, KV moves,
-        draft-KV writes), which weighs most on the cheapest rounds."""
+        draft-KV writes, a batch's drafter forward), which weighs most on the cheapest rounds."""
         ratio = seconds / self.predicted_seconds(bs, budget)
-        old = self.correction.get(budget)
-        self.correction[budget] = ratio if old is None else self.decay * old + (1 - self.decay) * ratio
+        old = self.correction.get((bs, budget))
+        self.correction[(bs, budget)] = ratio if old is None else self.decay * old + (1 - self.decay) * ratio
 
     def choose(self, bs: int) -> int:
-        """The per-request budget for the coming round of ``bs`` requests."""
-        if self.rounds % self.explore_every == 0 or len(self.tau) < len(self.candidates):
-            measured = max(self.verify_seconds)
-            inside = [b for b in self.candidates if bs * b <= measured]
-            return inside[-1] if inside else 1
-        known = [b for b in self.candidates if b in self.tau]
-        return max(known, key=lambda b: bs * self.tau[b] / self.round_seconds(bs, b))  # ties: the smaller
+        """The per-request budget for the coming round of ``bs`` requests: the best expected
+        tokens/s among the budgets with an estimate, or an exploration round (the class docstring)."""
+        best = max((b for b in self.candidates if b in self.tau),  # ties: the smaller
+                   key=lambda b: bs * self.tau[b] / self.round_seconds(bs, b))
+        measured = max(self.verify_seconds)
+        inside = [b for b in self.candidates if bs * b <= measured]
+        if inside and inside[-1] not in self.tau:  # once: an estimate of every budget this batch could verify
+            return inside[-1]
+        if self.rounds % self.explore_every == 0:  # then keep them fresh, at a bounded cost
+            limit = self.explore_cost * self.round_seconds(bs, best)
+            wider = [b for b in inside if b > best and self.round_seconds(bs, b) <= limit]
+            if wider:
+                return wider[-1]
+        return best
 
     def observe(self, accepted_nodes: Tensor, budget: int) -> None:
         """Record a round: ``accepted_nodes`` ``[bs, T]`` (node ids of each accepted path,

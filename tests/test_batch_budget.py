@@ -36,8 +36,8 @@ def test_a_drafter_that_is_never_right_gets_the_root_alone():
 
 
 def test_observe_learns_tau_of_every_smaller_budget_from_one_round():
-    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=2, candidates=(2, 4, 8), decay=0.0)
-    assert budget.choose(1) == 8  # first round: exploration, the largest candidate inside the curve
+    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=2, candidates=(2, 4, 8), decay=0.0, explore_cost=2.0)
+    assert budget.choose(1) == 8  # first round: exploration, the largest affordable candidate
     paths = torch.tensor([[0, 1, 5, -1], [0, 3, -1, -1]])  # node ids on the accepted paths, -1 padded
     budget.observe(paths, budget=8)
     assert budget.tau == {1: 1.0, 2: 1.5, 4: 2.0, 8: 2.5}
@@ -46,9 +46,36 @@ def test_observe_learns_tau_of_every_smaller_budget_from_one_round():
 
 
 def test_exploration_stays_inside_the_measured_curve():
-    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=4, candidates=(2, 4, 8, 16))
+    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=4, candidates=(2, 4, 8, 16), explore_cost=100.0)
     assert budget.choose(1) == 16 and budget.choose(16) == 16 and budget.choose(32) == 8
     assert budget.choose(512) == 1
+
+
+def test_exploration_costs_at_most_explore_cost_rounds():
+    """A big batch that pays for the root alone never verifies wide trees to explore them
+    (served on a CPU, exploring 8 nodes each for 16 requests every 8th round cost more than
+    the budget won); alone, a request explores its widest tree every ``explore_every`` rounds."""
+    budget = learnt({2: 1.5, 4: 1.8, 8: 2.0, 16: 2.1}, candidates=(2, 4, 8, 16))
+    rounds = range(1, 33)
+    big = []
+    for r in rounds:
+        budget.rounds = r
+        big.append(budget.choose(16))
+    assert set(big) == {1}
+    cost = {b: budget.round_seconds(1, b) for b in budget.candidates}
+    alone = []
+    for r in rounds:
+        budget.rounds = r
+        alone.append(budget.choose(1))
+    wide = max(b for b in budget.candidates if cost[b] <= 1.5 * cost[8])
+    assert alone.count(wide) == 4 and set(alone) == {8, wide} and wide > 8  # rounds 8, 16, 24, 32
+    fresh = BatchBudget(VERIFY, DRAFT, blocks_per_request=4, candidates=(2, 4, 8, 16), decay=0.0)
+    assert fresh.choose(16) == 16  # nothing known: once, the widest inside the curve (16 x 16 = 256 tokens)
+    fresh.observe(torch.tensor([[0, 1, 2, -1]] * 16), budget=16)  # tau 3 at every b >= 3
+    assert fresh.tau == {1: 1.0, 2: 2.0, 4: 3.0, 8: 3.0, 16: 3.0}
+    assert fresh.choose(16) == 1 and fresh.choose(1) == 4  # the best known, no exploration until round 8
+    with pytest.raises(ValueError, match="explore_cost"):
+        BatchBudget(VERIFY, DRAFT, blocks_per_request=1, explore_cost=0.5)
 
 
 @settings(max_examples=60, deadline=None)
@@ -75,6 +102,10 @@ def test_measured_round_times_correct_the_profile():
     assert budget.choose(1) == 1  # the profile alone: 1.6 / 0.090 < 1 / 0.050
     budget.record_seconds(1, 1, 0.100)  # ... but the root alone takes 0.100 s here
     budget.record_seconds(1, 8, 0.108)  # and the 8-node round 0.108 (1.2x its prediction)
-    assert budget.correction == {1: pytest.approx(2.0), 8: pytest.approx(1.2)}
+    assert budget.correction == {(1, 1): pytest.approx(2.0), (1, 8): pytest.approx(1.2)}
     assert budget.choose(1) == 8
     assert budget.round_seconds(1, 4) == pytest.approx(budget.predicted_seconds(1, 4) * 1.6)  # the mean
+    assert budget.round_seconds(4, 8) == pytest.approx(budget.predicted_seconds(4, 8) * 1.2)  # this budget's
+    budget.record_seconds(4, 8, budget.predicted_seconds(4, 8) * 3.0)  # a batch of 4 pays more per node
+    assert budget.round_seconds(4, 8) == pytest.approx(budget.predicted_seconds(4, 8) * 3.0)
+    assert budget.round_seconds(1, 8) == pytest.approx(budget.predicted_seconds(1, 8) * 1.2)  # alone: as before
