@@ -142,8 +142,9 @@ class BatchBudget:
     the largest candidate whose batch stays inside the measured verify curve; then every
     ``explore_every``-th round the largest one whose round costs at most ``explore_cost``
     times the chosen one, so that a big batch that pays for the root alone is not made to
-    verify wide trees, again and again, to learn what it would not choose. Measured round times correct the profile per batch
-    size and budget (`record_seconds`). The budget never changes which token is accepted.
+    verify wide trees, again and again, to learn what it would not choose. Measured round
+    times correct the profile per batch size and budget (`record_seconds`). The budget
+    never changes which token is accepted.
 
     Parameters
     ----------
