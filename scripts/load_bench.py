@@ -23,13 +23,15 @@ Methods (``--methods``): ``plain`` (no speculation), ``chain`` (REANCHOR with
 ``--reanchor-config``); ``chain-batch`` and ``reanchor-batch`` (the same plus ``batch_node_budget`` =
 ``--batch-node-budget``) and ``chain-cost`` and ``reanchor-cost`` (the same with
 ``$SGLANG_REANCHOR_COST_PROFILE`` = ``--cost-profile``, required for them: each round's per-request
-budget chosen for the batch from the measured cost curve, `sglang_reanchor.budget.BatchBudget`).
+budget chosen for the batch from the measured cost curve, `sglang_reanchor.budget.BatchBudget`);
+``defaults`` (REANCHOR with nothing set: what the plugin serves on this machine, `settings.served_config`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=None, help="HF target folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", type=Path, default=None, help="z-lab drafter folder (default: the shipped one)")
     ap.add_argument("--methods", nargs="+", default=["plain", "chain", "reanchor", "reanchor-batch", "reanchor-cost"],
-                    choices=["plain", *(f"{m}{v}" for m in ("chain", "reanchor") for v in ("", "-batch", "-cost"))])
+                    choices=["plain", "defaults",
+                             *(f"{m}{v}" for m in ("chain", "reanchor") for v in ("", "-batch", "-cost"))])
     ap.add_argument("--reanchor-config", default='{"policy": "offset", "offsets": [1, 2, 3], '
                     '"node_budget": 8, "max_depth": 3}', help="SGLANG_REANCHOR_CONFIG of 'reanchor'")
     ap.add_argument("--chain-config", default='{"offsets": [], "max_depth": 6}',
@@ -121,13 +124,14 @@ def main(argv: list[str] | None = None) -> int:
 
     target = args.target or default_target_path()
     drafter = args.drafter or shipped_drafter_path()
-    configs: dict[str, str | None] = {"plain": None}
+    configs: dict[str, str | None] = {"plain": None, "defaults": None}
     envs: dict[str, dict[str, str]] = {}
     for name, config in (("chain", args.chain_config), ("reanchor", args.reanchor_config)):
         configs[name] = configs[f"{name}-cost"] = config
         configs[f"{name}-batch"] = json.dumps({**json.loads(config), "batch_node_budget": args.batch_node_budget})
         if args.cost_profile:
             envs[f"{name}-cost"] = {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}
+    os.environ.pop("SGLANG_REANCHOR_COST_PROFILE", None)  # 'defaults' serves what the plugin chooses, nothing set
     server_args = ["--dtype", args.dtype, "--max-total-tokens", "16384", "--max-running-requests", "16",
                    "--mem-fraction-static", "0.5"]
     report: dict = {"meta": {"target": str(target), "drafter": str(drafter), "max_new_tokens": args.max_new_tokens,

@@ -131,6 +131,12 @@ def test_shipped_entries_are_valid_configs():
         assert set(entry["key"]) == {"device", "cpu", "bf16_flags", "threads", "dtype"}
         config = ReAnchorConfig(**{**entry["config"], "offsets": tuple(entry["config"]["offsets"])})
         assert config.offsets and config.max_depth and entry["tokens_per_s"] > 0 and entry["plain_tokens_per_s"] > 0
+        profile = (entry.get("served") or {}).get("cost_profile")
+        if profile:  # a shipped cost profile: of this entry's dtype and bfloat16 flags
+            from sglang_reanchor.bench.cost import CostProfile
+
+            loaded = CostProfile.load(folder / profile)
+            assert loaded.dtype == entry["key"]["dtype"] and loaded.cpu_bf16_flags == entry["key"]["bf16_flags"]
 
 
 def test_a_server_takes_the_entrys_served_fields_on_top(pair, tmp_path):
@@ -155,3 +161,37 @@ def test_a_server_takes_the_entrys_served_fields_on_top(pair, tmp_path):
     (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
     with pytest.raises(ValueError, match="served.config may set batch_node_budget only"):
         shipped_choice(tmp_path, machine_key(CPU, torch.float32))
+
+
+def test_a_server_budgets_batches_with_the_entrys_cost_profile(pair, tmp_path):
+    """An entry's ``served.cost_profile`` (a file in the drafter folder): a server without settings
+    serves the engine's choice and budgets its batches with that profile (the launcher passes its
+    path on); a profile of the user's replaces it; a missing file, or one beside
+    ``batch_node_budget``, is refused, naming the field."""
+    from sglang_reanchor.bench.cost import CostProfile
+    from sglang_reanchor.engine.defaults import shipped_choice
+    from sglang_reanchor.srt.settings import COST_PROFILE_ENV, served_config
+
+    _, drafter = pair
+    chosen = small_candidates(drafter)[1]
+    CostProfile(prefix=16, verify_s={1: 0.01, 64: 0.4}, draft_s={1: 1e-3}, target_token_s=0.01).save(
+        tmp_path / "profile.json")
+    entry = {"key": machine_key(CPU, torch.float32), "config": {**asdict(chosen), "offsets": list(chosen.offsets)},
+             "served": {"cost_profile": "profile.json", "measured": "results/x/load"}}
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    served = served_config("cpu", "float32", str(tmp_path), environ={})
+    assert served.config == chosen and served.cost_profile == str(tmp_path / "profile.json")
+    assert "shipped cost profile" in served.note and "results/x/load" in served.note
+    own = served_config("cpu", "float32", str(tmp_path), environ={COST_PROFILE_ENV: "/mine.json"})
+    assert own.config == chosen and own.cost_profile is None and COST_PROFILE_ENV in own.note
+    # the user's profile replaces a shipped batch_node_budget too (the worker refuses both)
+    entry["served"] = {"config": {"batch_node_budget": 16}}
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    assert served_config("cpu", "float32", str(tmp_path), environ={COST_PROFILE_ENV: "/mine.json"}).config == chosen
+    for served_field, match in (({"cost_profile": "absent.json"}, "served.cost_profile 'absent.json' is not a file"),
+                                ({"cost_profile": "profile.json", "config": {"batch_node_budget": 16}},
+                                 "served.cost_profile and served.config.batch_node_budget")):
+        entry["served"] = served_field
+        (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+        with pytest.raises(ValueError, match=match):
+            shipped_choice(tmp_path, machine_key(CPU, torch.float32))

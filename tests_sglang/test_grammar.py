@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from factories import char_tokenizer  # noqa: E402
 
 OFFSET = '{"policy": "offset"}'  # this pair accepts through shifted rows under the offset policy
+ROOTS = '{"policy": "offset", "batch_node_budget": 1}'  # every round the root alone: the target's decode step
 TEXT = {"skip_tokenizer_init": False}
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},
@@ -64,13 +65,15 @@ def _check_finished(got: dict, rid: str) -> bool:
     return True
 
 
-def test_constrained_requests_equal_plain_sglang(text_pair, tmp_path):
+@pytest.mark.parametrize("config", [OFFSET, ROOTS], ids=["trees", "roots-alone"])
+def test_constrained_requests_equal_plain_sglang(text_pair, tmp_path, config):
+    """Trees masked node by node, and rounds of the root alone (`ReAnchorWorker._decode_roots`)."""
     batch = _batch(0.0)
     batch[0] = {**batch[0], "return_logprob": True}
     batch += [{"rid": f"free-{k}", "text": p, "max_new_tokens": 24} for k, p in enumerate(PROMPTS[:2])]
     trace = tmp_path / "trace.jsonl"
     plain = serve(text_pair, "NONE", [batch], None, None, engine_args={**TEXT, "disable_overlap_schedule": True})
-    spec = serve(text_pair, "REANCHOR", [batch], OFFSET, trace, engine_args=TEXT)
+    spec = serve(text_pair, "REANCHOR", [batch], config, trace, engine_args=TEXT)
     finished = 0
     for r in batch:
         assert "error" not in spec[r["rid"]], spec[r["rid"]]
@@ -80,6 +83,9 @@ def test_constrained_requests_equal_plain_sglang(text_pair, tmp_path):
     assert finished >= 3  # most constrained answers ended by their grammar
     assert len(spec["regex-word-0"]["output_token_logprobs"]) == len(spec["regex-word-0"]["output_ids"])
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    if config == ROOTS:
+        assert rows and all(row["nodes"] == 1 for row in rows)  # every round verified its root alone
+        return
     constrained = [row for row in rows if not row["rid"].startswith("free")]
     assert sum(row["shifted_accepts"] for row in constrained) > 0  # masked nodes of shifted rows accepted
     assert max(row["tau"] for row in constrained) >= 2  # drafts accepted under the mask, not only bonuses

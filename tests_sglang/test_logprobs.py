@@ -19,6 +19,7 @@ import torch
 from test_serving_cpu import PROMPTS, pair, serve  # noqa: F401  (pair: the module fixture)
 
 OFFSET = '{"policy": "offset"}'  # this pair accepts through shifted rows under the offset policy
+ROOTS = '{"policy": "offset", "batch_node_budget": 1}'  # every round the root alone: the target's decode step
 PROBES = [1, 2, 10, 33]  # token_ids_logprob
 
 
@@ -45,12 +46,15 @@ def _close(a, b, tol: float = 1e-4) -> bool:
     return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
 
 
-def test_logprobs_equal_plain_sglang(pair, tmp_path):
+@pytest.mark.parametrize("config", [OFFSET, ROOTS], ids=["trees", "roots-alone"])
+def test_logprobs_equal_plain_sglang(pair, tmp_path, config):
+    """Trees whose accepted paths run through shifted rows, and rounds of the root alone
+    (the worker's plain decode step, `ReAnchorWorker._decode_roots`)."""
     root, _, _ = pair
     batch = _requests()
     trace = tmp_path / "trace.jsonl"
     plain = serve(root, "NONE", [batch], None, None, engine_args={"disable_overlap_schedule": True})
-    spec = serve(root, "REANCHOR", [batch], OFFSET, trace)
+    spec = serve(root, "REANCHOR", [batch], config, trace)
     fields = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs",
               "input_token_ids_logprobs", "output_token_ids_logprobs")
     for r in batch:
@@ -68,17 +72,21 @@ def test_logprobs_equal_plain_sglang(pair, tmp_path):
     assert len(spec["a-all"]["output_top_logprobs"][5]) == 3
     assert {t[1] for t in spec["b-all"]["output_token_ids_logprobs"][7]} == set(PROBES)
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    if config == ROOTS:
+        assert rows and all(row["nodes"] == 1 for row in rows)  # every round verified its root alone
+        return
     assert sum(row["shifted_accepts"] for row in rows) > 0  # emitted tokens came from shifted rows
     assert max(row["tau"] for row in rows) >= 3  # ... and from deep nodes
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_logprobs_are_the_targets(pair, temperature):
+@pytest.mark.parametrize("temperature,config", [(1.0, OFFSET), (0.7, OFFSET), (0.7, ROOTS)],
+                         ids=["t1-trees", "t0.7-trees", "t0.7-roots-alone"])
+def test_sampled_logprobs_are_the_targets(pair, temperature, config):
     root, target, _ = pair
     batch = [{"rid": f"{key}-{j}", "input_ids": prompt, "max_new_tokens": 16, "temperature": temperature,
               "return_logprob": True, "top_logprobs_num": 2, "sampling": {"top_k": 20, "top_p": 0.9}}
              for j in range(2) for key, (prompt, _) in PROMPTS.items()]
-    spec = serve(root, "REANCHOR", [batch], OFFSET, None)
+    spec = serve(root, "REANCHOR", [batch], config, None)
     for r in batch:
         got = spec[r["rid"]]
         ids = r["input_ids"] + got["output_ids"]

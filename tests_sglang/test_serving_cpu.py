@@ -319,3 +319,36 @@ def test_a_cpu_server_without_settings_serves_the_drafter_folders_choice(pair, t
         assert taus[rid] == ref.acceptance_lengths, rid
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert max(r["nodes"] for r in rows) <= 6  # the shipped budget, not the paper's 48
+
+
+def test_a_cpu_server_without_settings_budgets_batches_with_the_shipped_cost_profile(pair, tmp_path):
+    """No settings; the drafter folder's entry for this CPU kind ships a cost profile
+    (``served.cost_profile``): the launcher passes it on and the scheduler budgets each round
+    by it (`BatchBudget`; the profile of `test_cost_profile_budget_shrinks_trees_as_the_batch_grows`):
+    a request alone keeps its tree, three together mostly verify their roots alone or 2 nodes;
+    tokens stay the reference engine's."""
+    import shutil
+
+    from sglang_reanchor.bench.cost import CostProfile
+    from sglang_reanchor.engine.defaults import machine_key
+
+    root, target, drafter = pair
+    here = tmp_path / "pair"
+    here.mkdir()
+    (here / "target").symlink_to(root / "target")
+    shutil.copytree(root / "drafter", here / "drafter")
+    CostProfile(prefix=16, verify_s={1: 0.01, 8: 0.011, 9: 0.05, 64: 0.4}, draft_s={1: 1e-4, 64: 64e-4},
+                target_token_s=0.01, dtype="float32").save(here / "drafter" / "profile.json")
+    shipped = {"policy": "offset", "node_budget": 8}
+    entry = {"key": machine_key(torch.device("cpu"), torch.float32), "config": shipped,
+             "served": {"cost_profile": "profile.json"}}
+    (here / "drafter" / "device_defaults.json").write_text(json.dumps({"entries": [entry]}))
+    trace = tmp_path / "trace.jsonl"
+    got = serve(here, "REANCHOR", ROUNDS[:2], None, trace)
+    reference = SpeculativeGenerator(target, drafter, config=parse_config(json.dumps(shipped)))
+    for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:
+        assert got[rid]["output_ids"] == reference.generate(prompt, n, method="reanchor").tokens, rid
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    together = [r for r in rows if r["batch"] == 3]
+    assert together and sum(r["nodes"] <= 2 for r in together) >= 0.7 * len(together)
+    assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree

@@ -4,7 +4,8 @@ SGLang 0.5.23 ships in its wheel the tests its speculative algorithms are held t
 (`sglang.test.kits.spec_server_kits`) and the server fixture they mix into
 (`sglang.test.server_fixtures.spec_eagle_fixture.SpecEagleServerBase`). Here the
 kits run as they are against REANCHOR, for the default configuration and for the
-chain (``{"offsets": []}``, DFlash's draft) with a random DFlash drafter, and for the
+chain (``{"offsets": []}``, DFlash's draft; with a batch node budget, so that batches of
+four or more verify their roots alone) with a random DFlash drafter, and for the
 default configuration with a random Domino and a random DSpark drafter (SGLang's own
 rollouts in the worker), on a tiny random Llama with SmolLM2's tokenizer (the kits
 send text, and token ids up to 31,999), served with the plugin's CPU attention backend
@@ -285,11 +286,14 @@ class TestReAnchorDefaults(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KI
 
 
 class TestReAnchorChain(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KITS):
-    """REANCHOR with ``{"offsets": []}``: DFlash's chain, through the same worker."""
+    """REANCHOR with ``{"offsets": []}``: DFlash's chain, through the same worker, with
+    ``batch_node_budget`` 4: a request alone verifies a chain of 4, two 2 each, and four or more
+    their roots alone (the target's plain decode step, `ReAnchorWorker._decode_roots`), so the
+    kits' batches run both kinds of round."""
 
     __test__ = True
 
-    reanchor_config = '{"offsets": []}'
+    reanchor_config = '{"offsets": [], "batch_node_budget": 4}'
 
 
 class TestReAnchorDomino(ParityOnCpu, ReAnchorKitServer, CpuSizedKitTests, *KITS):

@@ -73,9 +73,10 @@ MEASURE_PROMPTS: tuple[str, ...] = (
     "3 dollars. How much money does the baker make in total? Explain step by step.",
     "Write a Python function `count_vowels(text)` that returns the number of vowels in a string.",
 )
-# in a drafter folder: {"entries": [{"key": ..., "config": ..., "served": {"config": {...}, "measured": ...}}]};
-# "served" (optional) holds the fields an SGLang server changes on top of "config" (the engine's
-# choice, measured one request at a time): batch_node_budget, measured under load
+# in a drafter folder: {"entries": [{"key": ..., "config": ..., "served": {"config": {...}, "cost_profile": ...,
+# "measured": ...}}]}; "served" (optional) holds what an SGLang server changes on top of "config" (the
+# engine's choice, measured one request at a time), measured under load: batch_node_budget, or a cost
+# profile of this machine kind (a file in the folder) for the batch-aware budget (`budget.BatchBudget`)
 SHIPPED_FILE = "device_defaults.json"
 
 
@@ -90,6 +91,7 @@ class DeviceChoice:
     plain_tokens_per_s: float | None = None
     served: ReAnchorConfig | None = None  # what an SGLang server serves instead (shipped entries' "served")
     served_measured: str = ""  # where that was measured
+    served_cost_profile: Path | None = None  # the cost profile an SGLang server budgets batches with
 
 
 def machine_key(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
@@ -179,12 +181,18 @@ def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice 
             unknown = sorted(set(served.get("config", {})) - {"batch_node_budget"})
             if unknown:
                 raise ValueError(f"{file}: an entry's served.config may set batch_node_budget only, got {unknown}")
+            profile = folder / served["cost_profile"] if served.get("cost_profile") else None
+            if profile is not None and not profile.is_file():
+                raise ValueError(f"{file}: served.cost_profile {served['cost_profile']!r} is not a file in {folder}")
+            if profile is not None and served.get("config", {}).get("batch_node_budget") is not None:
+                raise ValueError(f"{file}: an entry's served.cost_profile and served.config.batch_node_budget "
+                                 "both cap a batch's nodes; keep one")
             # the speeds are those of the weights measured (the choice, a cost shape of the machine, stays valid)
             fresh = entry.get("drafter_sha256") in (None, _weights_sha256(folder))
             return DeviceChoice(config, "shipped", entry.get("tokens_per_s") if fresh else None,
                                 entry.get("plain_tokens_per_s") if fresh else None,
                                 served=config.replace(**served["config"]) if served.get("config") else None,
-                                served_measured=str(served.get("measured", "")))
+                                served_measured=str(served.get("measured", "")), served_cost_profile=profile)
     return None
 
 

@@ -16,9 +16,11 @@ Unset, the server takes the defaults that pay on its device (`served_config`): o
 GPU the paper's configuration (``ReAnchorConfig()``); on a CPU the choice the drafter
 folder ships for a CPU of this kind (``device_defaults.json``, the reference engine's
 `sglang_reanchor.engine.defaults`, with the entry's ``served`` fields, measured under load, on
-top), else the paper's configuration too, saying so once.
-The launcher resolves it and writes it to ``$SGLANG_REANCHOR_CONFIG``, so the scheduler
-processes it spawns serve exactly what it reserved room for.
+top: ``batch_node_budget``, or a cost profile of the machine kind for the batch-aware budget),
+else the paper's configuration too, saying so once.
+The launcher resolves it and writes it to ``$SGLANG_REANCHOR_CONFIG`` (a shipped cost profile's
+path to ``$SGLANG_REANCHOR_COST_PROFILE``), so the scheduler processes it spawns serve exactly what
+it reserved room for.
 
 Nothing here imports SGLang.
 """
@@ -34,10 +36,11 @@ from pathlib import Path
 from ..config import ReAnchorConfig
 from ..round import RoundCore
 
-__all__ = ["ENV_VAR", "ServedConfig", "ServingWidths", "config_json", "load_config", "parse_config", "served_config",
+__all__ = ["COST_PROFILE_ENV", "ENV_VAR", "ServedConfig", "ServingWidths", "config_json", "load_config", "parse_config", "served_config",
            "serving_widths"]
 
 ENV_VAR = "SGLANG_REANCHOR_CONFIG"
+COST_PROFILE_ENV = "SGLANG_REANCHOR_COST_PROFILE"  # a `bench cost` profile: the batch-aware node budget
 UNSERVED_FIELDS = {  # the reference engine's only, and why
     "draft_slots": "the SGLang draft window runs whole blocks",
     "verify_threshold": "the SGLang worker verifies trees of a fixed width, so a cut row saves no verify work",
@@ -107,6 +110,7 @@ class ServedConfig:
     config: ReAnchorConfig
     source: str
     note: str
+    cost_profile: str | None = None  # a shipped cost profile for the batch-aware budget (`COST_PROFILE_ENV`)
 
 
 def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: int = 1, full_vocab_only: bool = False,
@@ -141,16 +145,25 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
             f"no CPU defaults ship with this drafter for this CPU and dtype {dtype}: the paper's configuration, "
             f"tuned for GPUs and slow on a CPU; write them with `python scripts/ship_device_defaults.py`, "
             f"or set {ENV_VAR} (for example '{{\"offsets\": [1], \"node_budget\": 6, \"max_depth\": 3}}')"))
-    config = choice.served or choice.config  # the served fields (batch_node_budget) measured under load
+    # the served fields measured under load (batch_node_budget, a cost profile); a cost profile of
+    # the user's ($SGLANG_REANCHOR_COST_PROFILE) replaces them
+    own_profile = bool(env.get(COST_PROFILE_ENV, "").strip())
+    config = choice.config if own_profile else (choice.served or choice.config)
     config = config.replace(**{name: None for name in UNSERVED_FIELDS})  # the reference engine's only
     if tp_size != 1 or full_vocab_only:
         config = config.replace(draft_vocab=None, branch_width=0)
     speed = (f" ({choice.tokens_per_s:g} tokens/s against {choice.plain_tokens_per_s:g} plain in the reference engine)"
              if choice.tokens_per_s and choice.plain_tokens_per_s else "")
-    if choice.served is not None:
-        speed += (f", batch_node_budget {choice.served.batch_node_budget} for batches "
-                  f"(measured under load: {choice.served_measured or 'the entry says not where'})")
-    return ServedConfig(config, "shipped", f"the drafter folder's defaults for this CPU{speed}")
+    where = f"(measured under load: {choice.served_measured or 'the entry says not where'})"
+    profile = None
+    if own_profile:
+        speed += f", each round's budget chosen for the batch from ${COST_PROFILE_ENV}"
+    elif choice.served_cost_profile is not None:
+        profile = str(choice.served_cost_profile)
+        speed += f", each round's budget chosen for the batch from the shipped cost profile {profile} {where}"
+    elif choice.served is not None and choice.served.batch_node_budget is not None:
+        speed += f", batch_node_budget {choice.served.batch_node_budget} for batches {where}"
+    return ServedConfig(config, "shipped", f"the drafter folder's defaults for this CPU{speed}", profile)
 
 
 @dataclass(frozen=True)

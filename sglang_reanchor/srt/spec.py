@@ -26,7 +26,7 @@ import torch
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from .settings import ENV_VAR, config_json, load_config, served_config, serving_widths
+from .settings import COST_PROFILE_ENV, ENV_VAR, config_json, load_config, served_config, serving_widths
 
 __all__ = ["NAME", "ReAnchorSpecAlgo", "draft_query_width", "handle_server_args", "is_dspark_config", "validate_server_args"]
 
@@ -175,6 +175,8 @@ def handle_server_args(server_args: Any) -> None:
     config = served.config
     if served.source == "shipped":  # the schedulers this process spawns read the same config (settings.py)
         os.environ[ENV_VAR] = config_json(config)
+        if served.cost_profile is not None:  # ... and budget their batches with the shipped profile
+            os.environ[COST_PROFILE_ENV] = served.cost_profile
     log = logger.warning if served.source == "paper-cpu" else logger.info
     log("REANCHOR settings: %s: %s", served.note, config)
     block = _draft_block_size(cfg)

@@ -14,6 +14,8 @@ round's device logic is the project's `RoundCore` (``self.core``), as in the eng
     _begin_round   each request's rejected suffix (by req_pool_idx), node budget, room in its row
     _draft_tree    one drafter forward: baseline + shifted blocks (layout.draft_window), the tree
     _verify        one target forward over every node, FULL_MASK custom mask
+                   (_decode_roots instead when every tree is its root alone: the target's plain
+                   decode step, no drafter forward, no custom mask, no KV moves)
     _accept_nodes  every node scored with its own path's penalties and grammar state; the
                    acceptance (greedy, or a target sample per node), TP-synced
     core.commit    the commit plan; logprobs and sampling masks of the emitted tokens (outputs)
@@ -73,7 +75,7 @@ from .layout import cap_tree, draft_window, verify_inputs
 from .node_sampling import adjust_node_logits, node_picks
 from .outputs import attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
 from .request_checks import mark_active
-from .settings import load_config, serving_widths
+from .settings import COST_PROFILE_ENV, load_config, serving_widths
 from .spec import draft_query_width, is_dspark_config
 
 __all__ = ["ReAnchorWorker"]
@@ -81,7 +83,6 @@ __all__ = ["ReAnchorWorker"]
 logger = logging.getLogger(__name__)
 
 TRACE_ENV = "SGLANG_REANCHOR_TRACE"  # a file path: one JSON line per request per round
-COST_PROFILE_ENV = "SGLANG_REANCHOR_COST_PROFILE"  # a `bench cost` profile: batch-aware node budget
 
 
 class DraftWindowInput(DFlashVerifyInput):
@@ -221,9 +222,14 @@ class ReAnchorWorker(DFlashWorkerV2):
         """One round: draft a tree, verify it, accept, commit (the module docstring's steps)."""
         start = time.perf_counter()
         rnd = self._begin_round(batch)
-        tree = self._draft_tree(batch, rnd)
-        grammar_tree = self._grammar_tree(batch, tree)
-        verified = self._verify(batch, rnd, tree)
+        if bool(rnd.room.drafted.any()):
+            tree = self._draft_tree(batch, rnd)
+            grammar_tree = self._grammar_tree(batch, tree)
+            verified = self._verify(batch, rnd, tree)
+        else:  # every request verifies its root alone (a big batch's budget, the row's end)
+            tree = DraftTree.chain(batch.spec_info.bonus_tokens.view(-1, 1))
+            grammar_tree = self._grammar_tree(batch, tree)
+            verified = self._decode_roots(batch, rnd)
         logits, acc = self._accept_nodes(batch, rnd, tree, verified, grammar_tree, grammar_barrier)
         commit = self.core.commit(tree, acc, rnd.prefix)
         attach_token_outputs(batch, verified.logits_output, logits, commit)
@@ -318,6 +324,38 @@ class ReAnchorWorker(DFlashWorkerV2):
         return _Verified(logits_output=logits_output, loc=loc, plan=plan,
                          positions=vin.positions.view(rnd.bs, width), width=width)
 
+    def _decode_roots(self, batch: Any, rnd: _Round) -> _Verified:
+        """The round of a batch whose trees are their roots alone: the target's plain decode step
+        (``ForwardMode.DECODE``, one token per request at column ``s``, no custom mask), as plain
+        SGLang runs it, its features captured for the draft KV (``width`` 1)."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        loc = req_to_token[rnd.slots, rnd.prefix].long()  # [bs]: the root's slot, column s
+        # the decode step's view of the batch: the root is the new token (seq_lens count it)
+        saved = {f: getattr(batch, f) for f in ("input_ids", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
+                                                 "out_cache_loc", "spec_info", "forward_mode")}
+        batch.input_ids = batch.spec_info.bonus_tokens.view(-1)
+        batch.seq_lens = batch.seq_lens + 1
+        batch.seq_lens_cpu = rnd.seq_lens_cpu + 1
+        batch.seq_lens_sum = rnd.prefix_sum + rnd.bs
+        batch.out_cache_loc = loc
+        batch.spec_info = None
+        batch.forward_mode = ForwardMode.DECODE
+        try:
+            forward_batch = ForwardBatch.init_new(batch, self.target_worker.model_runner,
+                                                  capture_hidden_mode=CaptureHiddenMode.FULL,
+                                                  return_hidden_states_before_norm=False)
+        finally:
+            for field, value in saved.items():
+                setattr(batch, field, value)
+        target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch,
+                                                                 is_verify=True)
+        logits_output = target_out.logits_output
+        lp = self._target_logits_processor
+        if lp is not None and lp.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = lp.finish_deferred_gather(logits_output.next_token_logits)
+        return _Verified(logits_output=logits_output, loc=loc[:, None], plan=forward_batch.kv_loc_plan,
+                         positions=rnd.prefix[:, None], width=1)
+
     def _accept_nodes(self, batch: Any, rnd: _Round, tree: DraftTree, verified: _Verified, grammar_tree: Any,
                       grammar_barrier: Any) -> tuple[torch.Tensor, Acceptance]:
         """Every node scored with its own path's penalties and grammar state (``[bs, N, V]``), then
@@ -334,13 +372,14 @@ class ReAnchorWorker(DFlashWorkerV2):
     def _commit(self, rnd: _Round, verified: _Verified, acc: Acceptance, commit: CommitPlan) -> None:
         """The accepted path's target KV to the front of the window (``bs * T`` moves, identity ones
         included: a fixed-size list), its features into the draft KV, the new rejected suffix out."""
-        window = verified.loc.reshape(-1)
-        src, dst = window[commit.move_src], window[commit.move_dst]
-        pool = self.model_runner.token_to_kv_pool
-        if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
-            move_kv_cache_native(pool.k_buffer, pool.v_buffer, dst, src)
-        else:
-            pool.move_kv_cache(dst, src)
+        if verified.width > 1:  # a root alone is where it belongs
+            window = verified.loc.reshape(-1)
+            src, dst = window[commit.move_src], window[commit.move_dst]
+            pool = self.model_runner.token_to_kv_pool
+            if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
+                move_kv_cache_native(pool.k_buffer, pool.v_buffer, dst, src)
+            else:
+                pool.move_kv_cache(dst, src)
 
         hidden = verified.logits_output.hidden_states.view(rnd.bs, verified.width, -1)
         dim = hidden.shape[-1]
