@@ -157,6 +157,11 @@ def test_a_server_takes_the_entrys_served_fields_on_top(pair, tmp_path):
     assert served.source == "shipped" and served.config == chosen.replace(batch_node_budget=16)
     assert "batch_node_budget 16" in served.note and "results/x/load" in served.note
     assert served_config("cpu", "float32", str(tmp_path), tp_size=2, environ={}).config.batch_node_budget == 16
+    del entry["served"]  # nothing measured under load: a batch shares one request's tree
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    served = served_config("cpu", "float32", str(tmp_path), environ={})
+    assert served.config == chosen.replace(batch_node_budget=chosen.node_budget)
+    assert "nothing measured under load" in served.note
     entry["served"] = {"config": {"node_budget": 4}}
     (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
     with pytest.raises(ValueError, match="served.config may set batch_node_budget only"):

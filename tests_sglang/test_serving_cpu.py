@@ -295,8 +295,10 @@ def test_a_dspark_server_refuses_what_its_rollout_cannot_serve(pair, tmp_path):
 
 def test_a_cpu_server_without_settings_serves_the_drafter_folders_choice(pair, tmp_path):
     """No ``$SGLANG_REANCHOR_CONFIG``; the drafter folder ships a choice for this CPU kind and
-    float32 (`settings.served_config`): the launcher resolves it and the scheduler it spawns
-    serves it, with the reference engine's rounds for that config."""
+    float32 (`settings.served_config`), with nothing measured under load: the launcher resolves
+    it and the scheduler it spawns serves it, a batch sharing one request's tree
+    (``batch_node_budget`` = its ``node_budget``), with the reference engine's tokens, and its
+    rounds for the request left alone."""
     import shutil
 
     from sglang_reanchor.engine.defaults import machine_key
@@ -312,13 +314,13 @@ def test_a_cpu_server_without_settings_serves_the_drafter_folders_choice(pair, t
     trace = tmp_path / "trace.jsonl"
     got = serve(here, "REANCHOR", ROUNDS[:1], None, trace)
     reference = SpeculativeGenerator(target, drafter, config=parse_config(json.dumps(shipped)))
-    taus = trace_taus(trace)
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
     for rid, (prompt, n) in PROMPTS.items():
         ref = reference.generate(prompt, n, method="reanchor")
         assert got[rid]["output_ids"] == ref.tokens, rid
-        assert taus[rid] == ref.acceptance_lengths, rid
-    rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert max(r["nodes"] for r in rows) <= 6  # the shipped budget, not the paper's 48
+    assert all(r["nodes"] <= max(1, 6 // r["batch"]) for r in rows)  # the shipped budget, shared by the batch
+    alone = [r for r in rows if r["batch"] == 1]  # the longest request, once the others finished
+    assert alone and max(r["nodes"] for r in alone) > 2
 
 
 def test_a_cpu_server_without_settings_budgets_batches_with_the_shipped_cost_profile(pair, tmp_path):

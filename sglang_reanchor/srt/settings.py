@@ -163,6 +163,12 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
         speed += f", each round's budget chosen for the batch from the shipped cost profile {profile} {where}"
     elif choice.served is not None and choice.served.batch_node_budget is not None:
         speed += f", batch_node_budget {choice.served.batch_node_budget} for batches {where}"
+    elif config.batch_node_budget is None:
+        # nothing measured under load: a batch shares one request's tree (a batch of node_budget
+        # requests or more verifies its roots alone, a plain decode step), not node_budget each
+        config = config.replace(batch_node_budget=config.node_budget)
+        speed += (f", batch_node_budget {config.node_budget} for batches (the tree's own size: the entry has "
+                  "nothing measured under load)")
     return ServedConfig(config, "shipped", f"the drafter folder's defaults for this CPU{speed}", profile)
 
 
