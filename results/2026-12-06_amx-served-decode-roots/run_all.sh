@@ -32,3 +32,6 @@ python $V7/summarise.py /tmp/prof/root.txt > $OUT/profile_roots_c16.txt
 #    step 2 as served.cost_profile), against plain SGLang.
 TRITON_INTERPRET=1 $SGL scripts/load_bench.py --dtype bfloat16 --methods plain defaults \
     --concurrency 1 2 4 8 16 --requests 32 --out $OUT/load_defaults
+
+# 5. Root-alone rounds against plain SGLang with and without its overlap event loop, alternated (16 clients).
+TRITON_INTERPRET=1 $SGL $OUT/ab_roots_c16.py $OUT/ab_roots_c16.json
