@@ -131,6 +131,10 @@ def test_shipped_entries_are_valid_configs():
         assert set(entry["key"]) == {"device", "cpu", "bf16_flags", "threads", "dtype"}
         config = ReAnchorConfig(**{**entry["config"], "offsets": tuple(entry["config"]["offsets"])})
         assert config.offsets and config.max_depth and entry["tokens_per_s"] > 0 and entry["plain_tokens_per_s"] > 0
+        sampled = entry.get("sampled")
+        if sampled:  # the choice for sampled requests: a config measured at a temperature
+            ReAnchorConfig(**{**sampled["config"], "offsets": tuple(sampled["config"]["offsets"])})
+            assert sampled["temperature"] > 0 and sampled["tokens_per_s"] > 0 and sampled["plain_tokens_per_s"] > 0
         profile = (entry.get("served") or {}).get("cost_profile")
         if profile:  # a shipped cost profile: of this entry's dtype and bfloat16 flags
             from sglang_reanchor.bench.cost import CostProfile
@@ -200,3 +204,36 @@ def test_a_server_budgets_batches_with_the_entrys_cost_profile(pair, tmp_path):
         (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
         with pytest.raises(ValueError, match=match):
             shipped_choice(tmp_path, machine_key(CPU, torch.float32))
+
+
+def test_sampled_requests_run_the_entrys_choice_for_sampling(pair, tmp_path):
+    """An entry's ``sampled`` choice (measured at a temperature): `shipped_choice` reads it, and a
+    generator chosen for the device decodes sampled requests with it (greedy ones with the entry's
+    own config), the same tokens as plain decoding under the same seed."""
+    from sglang_reanchor.engine.defaults import shipped_choice
+
+    target, drafter = pair
+    greedy_choice, sampled_choice = small_candidates(drafter)[1], small_candidates(drafter)[2]
+    assert greedy_choice != sampled_choice
+
+    def fields(c):
+        return {**asdict(c), "offsets": list(c.offsets)}
+
+    entry = {"key": machine_key(CPU, torch.float32), "config": fields(greedy_choice),
+             "sampled": {"temperature": 1.0, "config": fields(sampled_choice), "tokens_per_s": 2.0,
+                         "plain_tokens_per_s": 1.0}}
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    choice = shipped_choice(tmp_path, machine_key(CPU, torch.float32))
+    assert choice.config == greedy_choice and choice.sampled.config == sampled_choice
+    gen = SpeculativeGenerator(target, drafter, config=choice.config)
+    gen.config_choice = choice  # as from_pretrained() sets it
+    prompt = [5, 9, 11, 3, 17]
+    assert gen.generate(prompt, 12).tokens == gen.generate(prompt, 12, method="target").tokens
+    assert gen._sampled is None  # greedy requests: the entry's own config
+    for seed in range(3):
+        got = gen.generate(prompt, 12, temperature=1.0, seed=seed)
+        assert got.tokens == gen.generate(prompt, 12, method="target", temperature=1.0, seed=seed).tokens
+    assert gen._sampled is not None and gen._sampled.config == sampled_choice
+    del entry["sampled"]
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    assert shipped_choice(tmp_path, machine_key(CPU, torch.float32)).sampled is None

@@ -13,7 +13,10 @@ a few small trees (`CPU_CANDIDATES`) the one that is fastest *on this machine*:
    minute for the SmolLM2 pair on a 2-core AVX2 CPU), the fastest is cached under a key of the machine, the pair and
    the dtype, and later calls read it.
 
-Every candidate is lossless, so the choice changes speed only, never tokens. Elsewhere (CUDA)
+A shipped entry may also hold a choice measured at a temperature > 0 (``"sampled"``:
+`scripts/ship_device_defaults.py --temperature 1`): fewer drafts are accepted when the target
+samples, so the tree that pays differs; `SpeculativeGenerator.generate` runs it for sampled
+requests. Every candidate is lossless, so the choice changes speed only, never tokens. Elsewhere (CUDA)
 the result is `PAPER_CONFIG`. The choice is the fastest *speculative* setting; it records plain
 decoding's speed beside its own, because on some CPUs none beats plain decoding with a given
 drafter (the 2-core AVX2 EPYC of 2026-12-03, float32, drafter v6: a round costs 2.3 decode steps
@@ -92,6 +95,7 @@ class DeviceChoice:
     served: ReAnchorConfig | None = None  # what an SGLang server serves instead (shipped entries' "served")
     served_measured: str = ""  # where that was measured
     served_cost_profile: Path | None = None  # the cost profile an SGLang server budgets batches with
+    sampled: DeviceChoice | None = None  # the choice measured at a temperature > 0 (shipped entries' "sampled")
 
 
 def machine_key(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
@@ -135,15 +139,19 @@ def device_config(generator_for: Callable[[ReAnchorConfig], object], device: tor
 
 
 def measure_candidates(generator_for: Callable[[ReAnchorConfig], object], prompts: Sequence[Sequence[int]],
-                       candidates: Sequence[ReAnchorConfig], max_new_tokens: int = 32) -> DeviceChoice:
+                       candidates: Sequence[ReAnchorConfig], max_new_tokens: int = 32,
+                       temperature: float = 0.0) -> DeviceChoice:
     """Decode ``prompts`` with plain decoding and with each candidate (method ``"reanchor"``,
-    after one warm-up call each); the candidate with the most tokens per decode second wins."""
+    after one warm-up call each); the candidate with the most tokens per decode second wins.
+    At ``temperature`` > 0 every method draws the same tokens (seeded draws: `TokenDraw`)."""
+    sampling = {"temperature": temperature, "seed": 0} if temperature > 0 else {}
+
     def tokens_per_s(gen: object, method: str) -> float:
         gen.generate(prompts[0], 4, method=method)  # type: ignore[attr-defined]  # warm-up
         tokens, seconds = 0, 0.0
         for ids in prompts:
             t0 = time.perf_counter()
-            out = gen.generate(ids, max_new_tokens, method=method)  # type: ignore[attr-defined]
+            out = gen.generate(ids, max_new_tokens, method=method, **sampling)  # type: ignore[attr-defined]
             seconds += time.perf_counter() - t0
             tokens += len(out.tokens)
         return tokens / seconds
@@ -189,10 +197,15 @@ def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice 
                                  "both cap a batch's nodes; keep one")
             # the speeds are those of the weights measured (the choice, a cost shape of the machine, stays valid)
             fresh = entry.get("drafter_sha256") in (None, _weights_sha256(folder))
+            raw = entry.get("sampled")
+            sampled = None if not raw else DeviceChoice(
+                _config(raw["config"]), "shipped", raw.get("tokens_per_s") if fresh else None,
+                raw.get("plain_tokens_per_s") if fresh else None)
             return DeviceChoice(config, "shipped", entry.get("tokens_per_s") if fresh else None,
                                 entry.get("plain_tokens_per_s") if fresh else None,
                                 served=config.replace(**served["config"]) if served.get("config") else None,
-                                served_measured=str(served.get("measured", "")), served_cost_profile=profile)
+                                served_measured=str(served.get("measured", "")), served_cost_profile=profile,
+                                sampled=sampled)
     return None
 
 

@@ -160,6 +160,7 @@ class SpeculativeGenerator:
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
         self.config = config or ReAnchorConfig()
         self.config_choice = DeviceChoice(self.config, "given")  # from_pretrained(config=None) sets where from
+        self._sampled: SpeculativeGenerator | None = None  # the device's choice for T > 0, built on first use
         if self.config.draft_vocab is not None:
             if draft_vocab is not None:
                 raise ValueError("pass draft_vocab= or ReAnchorConfig.draft_vocab, not both")
@@ -218,7 +219,8 @@ class SpeculativeGenerator:
         With no ``config`` the settings are chosen for the device (`engine.defaults`): the
         paper's (``ReAnchorConfig()``) on a GPU; on a CPU the fastest of a few small trees
         on this machine (shipped with the drafter, cached, or measured once, under a
-        minute on a 2-core CPU). ``.config_choice`` says which and where it came from; pass
+        minute on a 2-core CPU), and for sampled requests (``temperature`` > 0) the choice
+        measured at a temperature where one ships. ``.config_choice`` says which and where it came from; pass
         ``config=ReAnchorConfig()`` for the paper's settings anywhere.
         """
         from ..hub import default_drafter, load_target, shipped_drafter_path
@@ -262,12 +264,19 @@ class SpeculativeGenerator:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (a list or ``[1, P]``).
 
         ``trace=True`` fills ``GenerationResult.rounds`` with one `RoundTrace` per
-        verify round (an extra argmax over the verified logits per round).
+        verify round (an extra argmax over the verified logits per round). With ``temperature``
+        > 0 and a choice for sampling in ``config_choice.sampled`` (chosen for the device), the
+        request runs with that config.
         """
         prompt = self._check_prompt(input_ids, max_new_tokens)
         if method != "target" and method not in self.proposers:
             names = ("target", *self.proposers)
             raise ValueError(f"method must be one of {', '.join(map(repr, names))}; got {method!r}")
+        sampled = self.config_choice.sampled
+        if temperature > 0 and sampled is not None and method != "target":
+            if self._sampled is None:
+                self._sampled = self.with_config(sampled.config)
+            return self._sampled.generate(prompt, max_new_tokens, method, temperature, top_k, top_p, seed, trace)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
         # a seed keys every draw by position: the same tokens with every method
         draw = TokenDraw(params, seed=seed) if seed is not None else TokenDraw(
