@@ -191,14 +191,15 @@ def plain_tp2(pair):
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two TP ranks bound to one core each")
-@pytest.mark.parametrize("family", ["dflash", "domino", "dspark"])
+@pytest.mark.parametrize("family", ["dflash", "domino", "dspark", "roots-alone"])
 def test_two_tp_ranks_serve_plain_sglangs_tokens(pair, plain_tp2, tmp_path, family):
     """``--tp-size 2`` on CPU (gloo; SGLang binds rank r to core r): REANCHOR with the offset
     policy, whose rounds accept through shifted rows, equals a plain TP-2 server token for token,
     with a DFlash drafter (the drafts use the TP-safe argmax over the vocab-parallel head:
     `cpu_compat` ALL_GATHER) and with Domino and DSpark drafters (SGLang's own rollouts, which
     gather the vocab-parallel logits themselves), and every rank drafts the same tree (the
-    trace of rank 0 equals the reference engine's rounds)."""
+    trace of rank 0 equals the reference engine's rounds); and with every round the root alone
+    (the worker's decode step, `_decode_roots`, over the vocab-parallel LM head)."""
     from factories import tiny_domino_drafter, tiny_dspark_drafter
 
     root, target, drafter = pair
@@ -207,13 +208,16 @@ def test_two_tp_ranks_serve_plain_sglangs_tokens(pair, plain_tp2, tmp_path, fami
     elif family == "dspark":
         drafter = tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2], seed=6, markov_head_type="gated",
                                       markov_rank=5, sample_from_anchor=False)
-    spec_root = root if family == "dflash" else pair_with_drafter(root, tmp_path / family, drafter)
+    spec_root = root if family in ("dflash", "roots-alone") else pair_with_drafter(root, tmp_path / family, drafter)
     trace = tmp_path / "trace.jsonl"
-    config = '{"policy": "offset"}'
+    config = '{"policy": "offset", "batch_node_budget": 1}' if family == "roots-alone" else '{"policy": "offset"}'
     spec = serve(spec_root, "REANCHOR", ROUNDS[:1], config, trace, extra_env=TP2_ENV, engine_args={"tp_size": 2})
     for rid in PROMPTS:
         assert spec[rid]["output_ids"] == plain_tp2[rid]["output_ids"], rid
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    if family == "roots-alone":
+        assert rows and all(r["nodes"] == 1 for r in rows)
+        return
     assert sum(r["shifted_accepts"] for r in rows) > 0 or family != "dflash"
     if family != "dflash":  # the family head's rounds, as the engine drafts them
         reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
