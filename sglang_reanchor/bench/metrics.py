@@ -127,6 +127,7 @@ class Record:
     seconds: float  # prefill + decode
     prefill_seconds: float
     rounds: int  # verify rounds (target forwards for "target")
+    plain_steps: int = 0  # plain decode steps a gate ran instead of rounds (gate=1)
     tree_sizes: list[int] = field(default_factory=list)
     shifted_accepts: list[int] = field(default_factory=list)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # analysis counts (see analysis.py)
@@ -184,6 +185,7 @@ def summarize(records: list[Record], baseline: str | None = None) -> dict[str, d
                 "responses": len(recs),
                 "tokens": sum(r.tokens for r in recs),
                 "rounds": sum(r.rounds for r in recs),
+                "plain_steps": sum(r.plain_steps for r in recs),
                 "tau": _mean([r.tau for r in recs]),
                 "tokens_per_s": 1.0 / tpot if tpot > 0 else float("nan"),
                 "speedup": base_tpot / tpot if tpot > 0 else float("nan"),
@@ -200,6 +202,7 @@ def summarize(records: list[Record], baseline: str | None = None) -> dict[str, d
                 "responses": sum(x["responses"] for x in rows),
                 "tokens": sum(x["tokens"] for x in rows),
                 "rounds": sum(x["rounds"] for x in rows),
+                "plain_steps": sum(x["plain_steps"] for x in rows),
                 "tau": _mean([x["tau"] for x in rows]),
                 "tokens_per_s": 1.0 / _mean(pooled) if pooled else float("nan"),
                 "speedup": _mean([x["speedup"] for x in rows]),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from ..budget import SpeculationGate
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter
 from ..drafter.draft_vocab import top_tokens
@@ -115,7 +116,8 @@ class Runner:
                                      "(write one with `python -m sglang_reanchor.train draft-vocab`)")
                 vocab = top_tokens(drafter_s.vocab_ranking, s.draft_vocab, "the drafter's draft vocabulary")
             self.generators[s.label] = SpeculativeGenerator(*pairs[key], config, budget_policy=policy,
-                                                            draft_vocab=vocab)
+                                                            draft_vocab=vocab,
+                                                            gate=SpeculationGate() if s.gate else None)
         self.diagnostic = analysis.diagnostic_generator(target, drafter, base_config)
 
     def run(self, samples: Sequence[Sample], desc: str = "bench") -> list[Record]:
@@ -219,7 +221,7 @@ def _record(sample: Sample, turn: int, label: str, result: GenerationResult, dty
     return Record(
         dataset=sample.dataset, sample=sample.id, turn=turn, method=label, tokens=len(result.tokens),
         taus=list(result.acceptance_lengths), seconds=result.seconds, prefill_seconds=result.prefill_seconds,
-        rounds=rounds_n, tree_sizes=list(result.tree_sizes), shifted_accepts=list(result.shifted_accepts),
+        rounds=rounds_n, plain_steps=result.plain_steps, tree_sizes=list(result.tree_sizes), shifted_accepts=list(result.shifted_accepts),
         stats=stats, finish_reason=result.finish_reason, dtype=dtype,
         token_hash=token_hash(list(result.tokens)), token_ids=list(result.tokens),
     )

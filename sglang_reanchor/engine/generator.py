@@ -15,6 +15,12 @@ With a `BudgetPolicy` (``budget_policy=``), ReAnchor picks each round's node bud
 from a measured cost model and the request's own acceptance so far
 (`sglang_reanchor.budget`) instead of ``config.node_budget``.
 
+With a `SpeculationGate` (``gate=``; `from_pretrained` sets one on a CPU when it chooses
+the settings), a request runs plain decode steps while its speculative rounds, timed by
+the engine, yield fewer tokens per second than plain decoding would; probe rounds bring it
+back when its text gets easier to draft. Plain steps are the target's own: the output is
+the same.
+
 ``generate(..., trace=True)`` also records every verify round (`RoundTrace`: the
 tree, the drafted blocks, the target's top-1 at every node, the accepted path) for
 the benchmark's analyses (`sglang_reanchor.bench.analysis`); off by default, when
@@ -33,7 +39,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from ..budget import BudgetPolicy
+from ..budget import BudgetPolicy, SpeculationGate
 from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter, DraftContextCache, DraftVocabHead
 from ..drafter.draft_vocab import top_tokens
@@ -93,6 +99,7 @@ class GenerationResult:
     shifted_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by shifted rows
     branch_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by branches
     rounds: list[RoundTrace] | None = None  # per verify round, only with generate(..., trace=True)
+    plain_steps: int = 0  # plain decode steps a `SpeculationGate` ran instead of rounds (not in the lists above)
 
     @property
     def seconds(self) -> float:
@@ -144,6 +151,9 @@ class SpeculativeGenerator:
     proposers:
         Optional ``{method: Proposer class}`` replacing or adding drafting methods
         (`sglang_reanchor.engine.proposers`); the defaults are ``"dflash"`` and ``"reanchor"``.
+    gate:
+        Optional; speculative methods then run plain decode steps while speculation does not
+        pay on this request (`SpeculationGate`). The output is unchanged.
     """
 
     def __init__(
@@ -155,6 +165,7 @@ class SpeculativeGenerator:
         budget_policy: BudgetPolicy | None = None,
         draft_vocab: Tensor | None = None,
         proposers: Mapping[str, Callable[[Drafting], Proposer]] | None = None,
+        gate: SpeculationGate | None = None,
     ) -> None:
         drafter.validate_target(target.config)
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
@@ -174,6 +185,7 @@ class SpeculativeGenerator:
         self.drafter = drafter.to(device=self.target.device).eval()
         self.tokenizer = tokenizer
         self.budget_policy = budget_policy
+        self.gate = gate
         self._tree_rng = torch.Generator().manual_seed(self.config.seed)
         # query slots per block, and drafts read from them: nodes past max_depth are never verified
         block = drafter.block_size
@@ -207,6 +219,7 @@ class SpeculativeGenerator:
         device: str | torch.device | None = None,
         config: ReAnchorConfig | None = None,
         dtype: torch.dtype | str | None = "auto",
+        gate: bool | None = None,
     ) -> SpeculativeGenerator:
         """Load a Hugging Face target folder and a z-lab-format drafter folder.
 
@@ -222,6 +235,9 @@ class SpeculativeGenerator:
         minute on a 2-core CPU), and for sampled requests (``temperature`` > 0) the choice
         measured at a temperature where one ships. ``.config_choice`` says which and where it came from; pass
         ``config=ReAnchorConfig()`` for the paper's settings anywhere.
+
+        ``gate`` (a `SpeculationGate`: plain decode steps while speculation does not pay on a
+        request): None sets one where the settings are chosen for a CPU, True / False everywhere.
         """
         from ..hub import default_drafter, load_target, shipped_drafter_path
         from ..precision import parse_dtype
@@ -240,13 +256,15 @@ class SpeculativeGenerator:
         choice = DeviceChoice(config, "given") if config is not None else device_config(
             lambda c: cls(model, draft, config=c, tokenizer=tokenizer), model.device, model.dtype, folder,
             pair_fingerprint(model, draft), tokenizer, candidates=fitting_candidates(draft))
-        gen = cls(model, draft, config=choice.config, tokenizer=tokenizer)
+        if gate is None:
+            gate = config is None and model.device.type == "cpu"
+        gen = cls(model, draft, config=choice.config, tokenizer=tokenizer, gate=SpeculationGate() if gate else None)
         gen.config_choice = choice
         return gen
 
     def with_config(self, config: ReAnchorConfig) -> SpeculativeGenerator:
         """A generator over the same target and drafter (no copy) with other settings."""
-        return type(self)(self.target.model, self.drafter, config=config, tokenizer=self.tokenizer)
+        return type(self)(self.target.model, self.drafter, config=config, tokenizer=self.tokenizer, gate=self.gate)
 
     # ---- public API ---------------------------------------------------------------
 
@@ -314,10 +332,18 @@ class SpeculativeGenerator:
         rows = len(self.config.offsets)  # source rows 1..R are shifted rows, later ones branches
         rounds: list[RoundTrace] | None = [] if trace else None
         budget = self.budget_policy.start() if self.budget_policy and proposer and proposer.uses_budget else None
+        gate = self.gate.start() if self.gate and proposer else None
+        plain_steps = 0
         t1 = time.perf_counter()
         while not self._finished(out, max_new):
             if proposer is None:
                 out.append(self._decode_one(req, draw))
+                continue
+            started = time.perf_counter()
+            if gate and not gate.speculate():  # speculation does not pay here: the target's own step
+                out.append(self._decode_one(req, draw, keep_drafter_context=True))
+                gate.observe_plain(time.perf_counter() - started)
+                plain_steps += 1
                 continue
             node_budget = budget.next_budget() if budget else self.config.node_budget
             node_budget = min(node_budget, self.config.batch_node_budget or node_budget)  # batch 1
@@ -345,6 +371,8 @@ class SpeculativeGenerator:
             branch_hits.append(int((source > rows).sum()))
             if budget:
                 budget.observe(path, node_budget, sizes[-1])
+            if gate:
+                gate.observe_round(taus[-1], time.perf_counter() - started)
         tokens, reason = self._truncate(out, max_new)
         return GenerationResult(
             tokens=tokens,
@@ -358,6 +386,7 @@ class SpeculativeGenerator:
             shifted_accepts=shifted_hits,
             branch_accepts=branch_hits,
             rounds=rounds,
+            plain_steps=plain_steps,
         )
 
     # ---- steps --------------------------------------------------------------------
@@ -377,11 +406,16 @@ class SpeculativeGenerator:
             draft_cache.append(self.drafter.project_context(out.features, positions.to(self.target.device)))
         return _Request(slot=slot, cache=cache, draft_cache=draft_cache, seq_len=n, bonus=first)
 
-    def _decode_one(self, req: _Request, draw: TokenDraw) -> int:
-        """Plain decoding: feed the last token, sample the next."""
-        out = self.target.forward(
-            torch.tensor([[req.bonus]]), torch.tensor([[req.seq_len]]), req.cache, features=False
-        )
+    def _decode_one(self, req: _Request, draw: TokenDraw, keep_drafter_context: bool = False) -> int:
+        """Plain decoding: feed the last token, sample the next. ``keep_drafter_context``: the
+        request speculates again later (a `SpeculationGate`), so the token's features extend the
+        drafter's context, and the rejected suffix, now behind the sequence, is dropped."""
+        positions = torch.tensor([[req.seq_len]])
+        out = self.target.forward(torch.tensor([[req.bonus]]), positions, req.cache, features=keep_drafter_context)
+        if keep_drafter_context:
+            assert out.features is not None
+            req.draft_cache.append(self.drafter.project_context(out.features, positions.to(self.target.device)))
+            self.suffixes.reset(torch.tensor([req.slot], device=self.target.device))
         req.seq_len += 1
         req.bonus = int(draw(out.logits[:, -1], torch.tensor([req.seq_len - 1], device=out.logits.device))[0])
         return req.bonus
