@@ -19,6 +19,7 @@ from sglang_reanchor.bench.metrics import Record, summarize
 from sglang_reanchor.bench.report import write_report
 from sglang_reanchor.bench.runner import DEPTHS, BenchSettings, Runner, _record
 from sglang_reanchor.engine.generator import RoundTrace
+from sglang_reanchor.engine.packed_linear import PackedLinear, packing_available
 from sglang_reanchor.tree import DraftTree, build_draft_tree
 
 # ---- datasets -------------------------------------------------------------------------------
@@ -474,3 +475,31 @@ def test_budget_table_ends_at_the_runs_own_tau(pair):
         assert float(cells[CAPPED_BUDGETS.index(budget)]) == pytest.approx(measured, abs=0.005)
         values = [float(c) for c in cells if c != "–"]
         assert values == sorted(values) and len(values) == sum(b <= budget for b in CAPPED_BUDGETS)
+
+
+@pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear ops")
+def test_packed_methods_run_on_packed_copies_beside_unpacked_ones(pair):
+    """``packed=1`` (any method): copies of target and drafter with packed float32 linears, the shared
+    models untouched; its precision reads ``float32-packed`` and its methods are checked against its
+    own plain decoding."""
+    target, drafter = pair  # float64
+    labels = ["target:dtype=float32", "target:dtype=float32,packed=1", "dflash:dtype=float32,packed=1",
+              "reanchor:dtype=float32,packed=1,offsets=1/2"]
+    runner = Runner(target, drafter, parse_methods(labels), ReAnchorConfig(offsets=(1, 2)), _codec, lambda ids: "x",
+                    BenchSettings(max_new_tokens=12, warmup=False))
+
+    def packed(module):
+        return any(isinstance(m, PackedLinear) for m in module.modules())
+
+    gen = runner.generators[labels[2]]
+    assert packed(gen.target.model) and packed(gen.drafter)
+    assert gen.target.model is runner.generators[labels[1]].target.model  # one packed copy per precision
+    assert not packed(runner.generators[labels[0]].target.model) and not packed(target) and not packed(drafter)
+    records = runner.run([Sample("one", "a", ("hi",)), Sample("one", "b", ("hello",))])
+    assert {r.method: r.dtype for r in records} == {labels[0]: "float32", **{m: "float32-packed" for m in labels[1:]}}
+    ident = metrics.identity_report(records)["float32-packed"]
+    assert ident["identical"] == 2 and set(ident["methods"]) == set(labels[2:])
+    assert all(m["reference"] == labels[1] for m in ident["methods"].values())
+    with pytest.raises(ValueError, match="packed=1"):  # float64: no float32 linear to pack
+        Runner(target, drafter, parse_methods(["target:packed=1"]), ReAnchorConfig(), _codec, str,
+               BenchSettings(max_new_tokens=4, warmup=False))

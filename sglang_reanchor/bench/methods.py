@@ -15,7 +15,10 @@ confidence runs out (all three for ``dflash`` and ``reanchor``); ``drafter=NAME`
 with a drafter named by ``--extra-drafter NAME=DIR`` instead of ``--drafter`` (so several
 drafters compare in one run); ``gate=1`` runs it with a `SpeculationGate` (plain decode
 steps while a request's rounds lose to plain decoding, as `from_pretrained` sets on a CPU;
-``dflash`` and ``reanchor``). The spec string is the method's label in every table. `ABLATIONS` are the
+``dflash`` and ``reanchor``); ``packed=1`` runs it on copies of target and drafter whose
+float32 CPU linears are packed once for oneDNN (`sglang_reanchor.engine.packed_linear`; any
+method, e.g. ``target:packed=1`` beside ``target``; its precision reads ``float32-packed`` in
+the identity tables). The spec string is the method's label in every table. `ABLATIONS` are the
 paper's Tables 4, 6 and 7.
 
 >>> spec = MethodSpec.parse("reanchor:policy=offset,offsets=1/2")
@@ -34,6 +37,8 @@ True
 >>> MethodSpec.parse("dflash:drafter=dspark,max_depth=3").drafter
 'dspark'
 >>> MethodSpec.parse("reanchor:gate=1").gate
+True
+>>> MethodSpec.parse("target:packed=1").packed
 True
 """
 
@@ -72,6 +77,7 @@ class MethodSpec:
     draft_vocab: int | None = None  # draft over the drafter's K most frequent tokens (None: all)
     drafter: str | None = None  # an --extra-drafter's name (None: the run's --drafter)
     gate: bool = False  # gate=1: a SpeculationGate (plain steps while speculation does not pay)
+    packed: bool = False  # packed=1: float32 CPU linears packed once for oneDNN
 
     @staticmethod
     def parse(text: str) -> MethodSpec:
@@ -81,7 +87,7 @@ class MethodSpec:
             raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}")
         allowed = {f.name for f in fields(ReAnchorConfig)}
         changes: dict[str, object] = {}
-        auto, dtype, vocab, drafter, gate = False, None, None, None, False
+        auto, dtype, vocab, drafter, gate, packed = False, None, None, None, False, False
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             if key == "dtype" and eq:
@@ -98,6 +104,11 @@ class MethodSpec:
                 if method == "target" or value not in ("0", "1"):
                     raise ValueError(f"method spec {text!r}: gate takes 0 or 1 (dflash, reanchor)")
                 gate = value == "1"
+                continue
+            if key == "packed" and eq:
+                if value not in ("0", "1"):
+                    raise ValueError(f"method spec {text!r}: packed takes 0 or 1")
+                packed = value == "1"
                 continue
             if key == "draft_vocab" and eq:
                 if method == "target" or not value.isdigit() or int(value) < 1:
@@ -121,7 +132,7 @@ class MethodSpec:
         except (TypeError, ValueError) as err:
             raise ValueError(f"method spec {text!r}: {err}") from None
         return MethodSpec(label=text, method=method, changes=changes, auto_budget=auto, dtype=dtype,
-                          draft_vocab=vocab, drafter=drafter, gate=gate)
+                          draft_vocab=vocab, drafter=drafter, gate=gate, packed=packed)
 
     def config(self, base: ReAnchorConfig) -> ReAnchorConfig:
         """``base`` with this spec's changes (validated by `ReAnchorConfig`)."""

@@ -27,6 +27,7 @@ from ..config import ReAnchorConfig
 from ..drafter import DFlashDrafter
 from ..drafter.draft_vocab import top_tokens
 from ..engine import GenerationResult, SpeculativeGenerator
+from ..engine.packed_linear import pack_linears
 from . import analysis
 from .cost import CostProfile
 from .datasets import Sample
@@ -86,23 +87,27 @@ class Runner:
         self.specs = list(specs)
         self.encode, self.decode, self.settings = encode, decode, settings
         self.generators = {}
+        self._targets: dict[str, torch.nn.Module] = {}  # a method's precision string -> its target
         self._copies: dict[torch.dtype, torch.nn.Module] = {}
-        self.dtypes: dict[str, str] = {}
-        targets: dict[torch.dtype, torch.nn.Module] = {target.dtype: target}
-        pairs: dict[tuple[torch.dtype, str | None], tuple[torch.nn.Module, DFlashDrafter]] = {}
+        self.dtypes: dict[str, str] = {}  # label -> its precision, "-packed" added for packed linears
+        # (precision, packed) -> the target; a copy where a method's differs from the run's
+        targets: dict[tuple[torch.dtype, bool], torch.nn.Module] = {(target.dtype, False): target}
+        pairs: dict[tuple[torch.dtype, bool, str | None], tuple[torch.nn.Module, DFlashDrafter]] = {}
         for s in specs:
             if s.drafter not in named:
                 raise ValueError(f"method {s.label!r}: no drafter named {s.drafter!r} (--extra-drafter NAME=DIR; "
                                  f"given: {', '.join(str(k) for k in named if k is not None) or 'none'})")
             dtype = getattr(torch, s.dtype) if s.dtype else target.dtype
-            if dtype not in targets:  # a copy of the target in this method's precision
-                targets[dtype] = copy.deepcopy(target).to(dtype)
-            key = (dtype, s.drafter)
+            if (dtype, s.packed) not in targets:
+                targets[(dtype, s.packed)] = _copy(target, dtype, s.packed)
+            key = (dtype, s.packed, s.drafter)
             if key not in pairs:
                 own = named[s.drafter]
-                pairs[key] = (targets[dtype], own if own.fc.weight.dtype == dtype else copy.deepcopy(own).to(dtype))
+                same = own.fc.weight.dtype == dtype and not s.packed
+                pairs[key] = (targets[(dtype, s.packed)], own if same else _copy(own, dtype, s.packed))
             drafter_s = pairs[key][1]
-            self.dtypes[s.label] = str(dtype).removeprefix("torch.")
+            self.dtypes[s.label] = str(dtype).removeprefix("torch.") + ("-packed" if s.packed else "")
+            self._targets[self.dtypes[s.label]] = targets[(dtype, s.packed)]
             config, policy = s.config(base_config), None
             if s.auto_budget:
                 if profile is None:
@@ -182,11 +187,10 @@ class Runner:
             rec.stats["divergence"] = {"position": n, "plain_token": a[n], "method_token": b[n], **gaps}
 
     def _model_in(self, dtype: str) -> torch.nn.Module:
-        """The target in ``dtype`` (a cached copy when no method runs in it)."""
-        want = getattr(torch, dtype)
-        for gen in self.generators.values():
-            if gen.target.dtype == want:
-                return gen.target.model
+        """The target in ``dtype`` (a method's precision string; a cached copy when no method runs in it)."""
+        if dtype in self._targets:
+            return self._targets[dtype]
+        want = getattr(torch, dtype.removesuffix("-packed"))
         if want not in self._copies:
             self._copies[want] = copy.deepcopy(next(iter(self.generators.values())).target.model).to(want)
         return self._copies[want]
@@ -201,6 +205,14 @@ class Runner:
         ids = self.encode([{"role": "user", "content": "Hello!"}])
         for spec in self.specs:
             self.generators[spec.label].generate(ids, 8, method=spec.method)  # type: ignore[arg-type]
+
+
+def _copy(model: torch.nn.Module, dtype: torch.dtype, packed: bool) -> torch.nn.Module:
+    """A copy of ``model`` in ``dtype``, its float32 CPU linears packed if ``packed`` (`engine.packed_linear`)."""
+    out = copy.deepcopy(model).to(dtype)
+    if packed and not pack_linears(out):
+        raise ValueError("packed=1: this torch build or device has no oneDNN packed float32 CPU linears")
+    return out
 
 
 def _record(sample: Sample, turn: int, label: str, result: GenerationResult, dtype: str) -> Record:

@@ -220,6 +220,7 @@ class SpeculativeGenerator:
         config: ReAnchorConfig | None = None,
         dtype: torch.dtype | str | None = "auto",
         gate: bool | None = None,
+        pack_linears: bool = False,
     ) -> SpeculativeGenerator:
         """Load a Hugging Face target folder and a z-lab-format drafter folder.
 
@@ -238,6 +239,8 @@ class SpeculativeGenerator:
 
         ``gate`` (a `SpeculationGate`: plain decode steps while speculation does not pay on a
         request): None sets one where the settings are chosen for a CPU, True / False everywhere.
+        ``pack_linears=True`` packs the float32 CPU linear layers of target and drafter once for
+        oneDNN (`engine.packed_linear`: same logits, faster few-token forwards on AVX2 CPUs).
         """
         from ..hub import default_drafter, load_target, shipped_drafter_path
         from ..precision import parse_dtype
@@ -253,6 +256,11 @@ class SpeculativeGenerator:
         else:
             draft = DFlashDrafter.from_pretrained(drafter, device=model.device, dtype=model.dtype)
             folder = Path(drafter)
+        if pack_linears:
+            from .packed_linear import pack_linears as pack
+
+            pack(model)
+            pack(draft)
         choice = DeviceChoice(config, "given") if config is not None else device_config(
             lambda c: cls(model, draft, config=c, tokenizer=tokenizer), model.device, model.dtype, folder,
             pair_fingerprint(model, draft), tokenizer, candidates=fitting_candidates(draft))

@@ -1,0 +1,57 @@
+"""`PackedLinear`: float32 CPU linears with weights packed once for oneDNN give F.linear's results,
+and a packed target and drafter decode the target's own tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from factories import tiny_drafter, tiny_target
+from torch import nn
+
+from sglang_reanchor import ReAnchorConfig, SpeculativeGenerator
+from sglang_reanchor.engine.packed_linear import PackedLinear, pack_linears, packing_available
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear ops")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 24), (2, 24), (3, 5, 24), (33, 24)])
+def test_packed_linears_compute_f_linear(bias, shape):
+    torch.manual_seed(0)
+    linear = nn.Linear(24, 40, bias=bias)
+    packed = PackedLinear(linear, batch_hint=8)
+    x = torch.randn(*shape)
+    assert packed.weight is linear.weight and packed(x).shape == (*shape[:-1], 40)
+    torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_only_float32_cpu_linears_are_packed():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.ReLU()))
+    assert pack_linears(model) == 1
+    assert isinstance(model[0], PackedLinear) and type(model[1][0]) is nn.Linear
+    with pytest.raises(ValueError, match="float32 CPU nn.Linear"):
+        PackedLinear(nn.Linear(4, 4).to(torch.bfloat16))
+
+
+def test_a_packed_pair_decodes_the_targets_tokens():
+    """Target and drafter packed (the LM head keeps its weight, which the drafter borrows):
+    speculative tokens equal the packed target's greedy tokens, which equal the
+    unpacked target's on this tiny pair, round for round."""
+    target = tiny_target("llama", vocab_size=64, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                         dtype=torch.float32, seed=4)
+    drafter = tiny_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=2)
+    prompt = torch.tensor([[1, 5, 9, 14, 3, 7, 22, 9]])
+    config = ReAnchorConfig(offsets=(1, 2), policy="offset", node_budget=16)
+    unpacked = SpeculativeGenerator(target, drafter, config)
+    before = unpacked.generate(prompt, 24, method="target").tokens
+    taus = {m: unpacked.generate(prompt, 24, method=m).acceptance_lengths for m in ("dflash", "reanchor")}
+    head = target.lm_head.weight
+    assert pack_linears(target) > 0 and pack_linears(drafter) > 0
+    assert target.lm_head.weight is head  # shared, not copied: tied embeddings stay tied
+    gen = SpeculativeGenerator(target, drafter, config)
+    plain = gen.generate(prompt, 24, method="target").tokens
+    assert plain == before
+    for method in ("dflash", "reanchor"):
+        result = gen.generate(prompt, 24, method=method)
+        assert result.tokens == plain, method
+        assert result.acceptance_lengths == taus[method], method  # the packed drafter drafts the same
