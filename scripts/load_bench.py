@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level (at least c)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--pack-linears", action="store_true",
+                    help="every server, plain included, runs float32 CPU linears on oneDNN weights packed once "
+                    "($SGLANG_REANCHOR_PACK_LINEARS=1, sglang_reanchor/srt/packed_linears.py)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     costed = [m for m in args.methods if m.endswith("-cost")]
@@ -132,11 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.cost_profile:
             envs[f"{name}-cost"] = {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}
     os.environ.pop("SGLANG_REANCHOR_COST_PROFILE", None)  # 'defaults' serves what the plugin chooses, nothing set
+    os.environ.pop("SGLANG_REANCHOR_PACK_LINEARS", None)
+    if args.pack_linears:  # for every method alike, so the ratios compare like with like
+        envs = {m: {**envs.get(m, {}), "SGLANG_REANCHOR_PACK_LINEARS": "1"} for m in args.methods}
     server_args = ["--dtype", args.dtype, "--max-total-tokens", "16384", "--max-running-requests", "16",
                    "--mem-fraction-static", "0.5"]
     report: dict = {"meta": {"target": str(target), "drafter": str(drafter), "max_new_tokens": args.max_new_tokens,
                              "requests": args.requests, "dtype": args.dtype, "command": " ".join(sys.argv),
-                             "configs": configs, "cost_profile": str(args.cost_profile)}, "runs": {}}
+                             "configs": configs, "cost_profile": str(args.cost_profile),
+                             "packed_linears": args.pack_linears}, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "target").symlink_to(Path(target).resolve())
@@ -168,7 +175,9 @@ def markdown(report: dict) -> str:
     lines = ["# REANCHOR under load (CPU)", "",
              f"Target `{report['meta']['target']}`, drafter `{report['meta']['drafter']}`, {report['meta']['dtype']}, "
              f"{report['meta']['requests']} requests per level (or c), {report['meta']['max_new_tokens']} new tokens "
-             "each (greedy, ignore_eos), closed-loop clients; one server at a time.", "",
+             "each (greedy, ignore_eos), closed-loop clients; one server at a time"
+             + ("; every server with float32 linears packed for oneDNN" if report["meta"].get("packed_linears") else "")
+             + ".", "",
              "Configs: " + ", ".join(f"`{m}` = `{c}`" for m, c in report["meta"]["configs"].items() if m in runs), "",
              "## Output tokens/s (x plain)", "", "| concurrency | " + " | ".join(methods) + " |",
              "|---" * (len(methods) + 1) + "|"]

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--temperature must be >= 0, got {args.temperature}")
     gen = SpeculativeGenerator.from_pretrained(config=ReAnchorConfig(), dtype=args.dtype)
     model, drafter = gen.target.model, gen.drafter
+    print(f"linears packed: {gen.linear_packing}")
     candidates = fitting_candidates(drafter)
     prompts = [_chat_ids(gen.tokenizer, p) for p in MEASURE_PROMPTS]
     runs = [measure_candidates(lambda c: SpeculativeGenerator(model, drafter, config=c), prompts, candidates,
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     entry = {"key": key, "config": config, "tokens_per_s": round(speed, 2), "plain_tokens_per_s": round(plain, 2),
              "wins": f"{wins[best]}/{len(runs)}", "command": " ".join(["python", *sys.argv]),
-             "drafter_sha256": weights}  # the speeds were measured with these weights
+             "drafter_sha256": weights,  # the speeds were measured with these weights
+             "linears_packed": gen.linear_packing.packed}  # ... and these kernels (engine.packed_linear)
     old = next((e for e in data["entries"] if e["key"] == key), None)
     if old is not None and old.get("served") and old["config"] == config:
         entry["served"] = old["served"]  # measured under load for this same config: still its shape

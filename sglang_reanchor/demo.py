@@ -61,8 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-gate", action="store_true", help="speculate every step, even where it does not pay "
                    "(default on a CPU: plain decode steps while a prompt's rounds lose to plain decoding)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--pack-linears", action="store_true", help="pack float32 CPU linear weights once for oneDNN "
-                   "(faster few-token forwards on AVX2 CPUs; every method, plain decoding included)")
+    p.add_argument("--pack-linears", choices=("auto", "on", "off"), default="auto",
+                   help="pack float32 CPU linear weights once for oneDNN: faster few-token forwards on AVX2 CPUs, "
+                   "for every method, plain decoding included (auto: where it measures faster here)")
     args = p.parse_args(argv)
     if args.drafter in SHIPPED_DRAFTERS:  # a shipped drafter by its family's name
         args.drafter = shipped_drafter_path(args.drafter)
@@ -87,11 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.node_budget:
         changes["node_budget"] = args.node_budget
 
+    pack = {"auto": None, "on": True, "off": False}[args.pack_linears]
     print("Loading target and drafter ...", flush=True)
     given = ReAnchorConfig().replace(**changes) if changes else None
     gen = SpeculativeGenerator.from_pretrained(args.target, args.drafter, device=args.device, config=given,
                                                dtype=args.dtype, gate=False if args.no_gate else None,
-                                               pack_linears=args.pack_linears)
+                                               pack_linears=pack)
     choice = gen.config_choice
     tok = gen.tokenizer
     prompts = args.prompt or list(DEFAULT_PROMPTS)
@@ -100,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"drafter: {drafter_note}")
     print(f"device : {args.device}, {str(gen.target.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads; "
           f"config ({describe_choice(choice)}): {choice.config}")
+    packing = gen.linear_packing
+    if packing.packed or packing.speedup is not None:
+        measured = "" if packing.speedup is None else (
+            f" (packed kernels {packing.speedup:.2f}x F.linear on this model's shapes here)")
+        print(f"linears: {'packed for oneDNN' if packing.packed else 'F.linear'}{measured}; "
+              "--pack-linears on/off to choose")
     if gen.gate is not None:
         print("gate   : on (plain decode steps while a prompt's speculative rounds, timed here, yield fewer "
               "tokens/s than plain decoding; --no-gate turns it off)")
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         # speedups are against the faster of the two, so the table never flatters speculation.
         fp32 = SpeculativeGenerator.from_pretrained(args.target, args.drafter, device=args.device,
                                                     config=choice.config, dtype=torch.float32,
-                                                    pack_linears=args.pack_linears)
+                                                    pack_linears=pack)
         runs.insert(1, ("target (float32)", "target", fp32))
     per_prompt: list[dict[str, GenerationResult]] = []
     disagree = False

@@ -314,8 +314,10 @@ def test_cost_profile_curve_and_defaults(pair, tmp_path):
     best = max((r for r in curve if str(r["method"]).startswith("reanchor")), key=lambda r: r["tokens_per_s"])
     assert prof.defaults["predicted_tokens_per_s"] == best["tokens_per_s"]
     assert prof.defaults["max_depth"] == (best["max_depth"] or None)
+    prof.packed_linears = True  # `bench cost --pack-linears`
     prof.save(tmp_path / "p.json")
-    assert cost.CostProfile.load(tmp_path / "p.json").draft_capped_s == prof.draft_capped_s
+    loaded = cost.CostProfile.load(tmp_path / "p.json")
+    assert loaded.draft_capped_s == prof.draft_capped_s and loaded.packed_linears
     cfg = cost.profile_config(tmp_path / "p.json")
     assert cfg.node_budget == prof.defaults["node_budget"] and list(cfg.offsets) == prof.defaults["offsets"]
     assert cfg.max_depth == prof.defaults["max_depth"] and cfg.policy == prof.defaults["policy"]

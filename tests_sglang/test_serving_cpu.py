@@ -58,7 +58,8 @@ def pair(tmp_path_factory):
 
 
 def serve(root: Path, algorithm: str, rounds: list, config: str | None, trace: Path | None,
-          extra_env: dict[str, str] | None = None, engine_args: dict | None = None) -> dict:
+          extra_env: dict[str, str] | None = None, engine_args: dict | None = None, want_log: bool = False) -> dict:
+    """The results of `serve_tiny.py` (its stderr under ``"_log"`` with ``want_log``)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", **(extra_env or {})}
     env.pop("SGLANG_REANCHOR_CONFIG", None)
     if config:
@@ -70,7 +71,7 @@ def serve(root: Path, algorithm: str, rounds: list, config: str | None, trace: P
                          capture_output=True, text=True, env=env, timeout=1200)
     for line in out.stdout.splitlines():
         if line.startswith("RESULTS"):
-            return json.loads(line[len("RESULTS"):])
+            return {**json.loads(line[len("RESULTS"):]), **({"_log": out.stderr} if want_log else {})}
     raise AssertionError(f"engine failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
 
 

@@ -99,6 +99,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     c.add_argument("--sweep-budget", type=int, default=128)
     c.add_argument("--sweep-policies", nargs="+", default=["earliest"], choices=ATTACH_POLICIES,
                    help="attachment policies swept (each with every --sweep-offsets)")
+    c.add_argument("--pack-linears", action="store_true",
+                   help="measure with float32 CPU linears packed for oneDNN (`engine.packed_linear`), as a server "
+                   "with $SGLANG_REANCHOR_PACK_LINEARS=1 runs them")
     c.add_argument("--sweep-records", type=Path, default=None,
                    help="reuse the records of an earlier sweep (its sweep/results.json) instead of running one")
     m = sub.add_parser("merge", help="one report from the results.json of split runs")
@@ -215,8 +218,14 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_cost(args: argparse.Namespace, argv: list[str]) -> int:
     target, drafter, tokenizer, provenance = load_pair(args)
+    if args.pack_linears:
+        from ..engine.packed_linear import pack_linears
+
+        if not pack_linears(target) + pack_linears(drafter):
+            raise SystemExit("--pack-linears: nothing to pack (float32 CPU linears and oneDNN's ops are needed)")
     print(f"drafter: {provenance}; measuring forwards at prefix {args.prefix} ...", flush=True)
     profile = cost_mod.measure_profile(target, drafter, prefix=args.prefix, repeats=args.repeats, depths=DEPTHS)
+    profile.packed_linears = bool(args.pack_linears)
     if args.sweep_records is not None:
         records = [Record(**r) for r in json.loads(args.sweep_records.read_text())["records"]]
     else:

@@ -63,6 +63,7 @@ class CostProfile:
     dtype: str = ""  # precision of target and drafter when measured ("float32", "bfloat16")
     cpu_bf16_flags: list[str] = field(default_factory=list)  # the CPU's AMX / AVX-512 BF16 flags
     draft_capped_s: dict[int, dict[int, float]] = field(default_factory=dict)  # depth cap m -> blocks -> s
+    packed_linears: bool = False  # float32 linears on oneDNN weights packed once (`engine.packed_linear`)
 
     def verify(self, nodes: float) -> float:
         return interpolate(self.verify_s, nodes)

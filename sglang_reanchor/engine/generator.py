@@ -52,7 +52,7 @@ from .defaults import DeviceChoice, device_config, fitting_candidates, pair_fing
 from .proposers import ChainProposer, Draft, Drafting, Proposer, ReAnchorProposer
 from .target import TargetModel
 
-__all__ = ["METHODS", "GenerationResult", "RoundTrace", "SpeculativeGenerator"]
+__all__ = ["METHODS", "GenerationResult", "LinearPacking", "RoundTrace", "SpeculativeGenerator"]
 
 Method = Literal["target", "dflash", "reanchor"]
 METHODS: tuple[str, ...] = ("target", "dflash", "reanchor")
@@ -117,6 +117,15 @@ class GenerationResult:
         return sum(taus) / len(taus) if taus else 1.0
 
 
+@dataclass(frozen=True)
+class LinearPacking:
+    """Whether ``from_pretrained`` packed the pair's linears (`engine.packed_linear`), and the speedup
+    of packed kernels it measured on this machine's linear shapes (None: not measured)."""
+
+    packed: bool
+    speedup: float | None
+
+
 @dataclass
 class _Request:
     """Per-request decoding state (one sequence)."""
@@ -171,6 +180,7 @@ class SpeculativeGenerator:
         self.target = TargetModel(target, tuple(drafter.target_layer_ids))
         self.config = config or ReAnchorConfig()
         self.config_choice = DeviceChoice(self.config, "given")  # from_pretrained(config=None) sets where from
+        self.linear_packing = LinearPacking(False, None)  # from_pretrained sets it
         self._sampled: SpeculativeGenerator | None = None  # the device's choice for T > 0, built on first use
         if self.config.draft_vocab is not None:
             if draft_vocab is not None:
@@ -220,7 +230,7 @@ class SpeculativeGenerator:
         config: ReAnchorConfig | None = None,
         dtype: torch.dtype | str | None = "auto",
         gate: bool | None = None,
-        pack_linears: bool = False,
+        pack_linears: bool | None = None,
     ) -> SpeculativeGenerator:
         """Load a Hugging Face target folder and a z-lab-format drafter folder.
 
@@ -239,8 +249,11 @@ class SpeculativeGenerator:
 
         ``gate`` (a `SpeculationGate`: plain decode steps while speculation does not pay on a
         request): None sets one where the settings are chosen for a CPU, True / False everywhere.
-        ``pack_linears=True`` packs the float32 CPU linear layers of target and drafter once for
-        oneDNN (`engine.packed_linear`: same logits, faster few-token forwards on AVX2 CPUs).
+        ``pack_linears``: pack the float32 CPU linear layers of target and drafter once for
+        oneDNN (`engine.packed_linear`: same logits, faster few-token forwards on AVX2 CPUs);
+        None packs them where `packing_speedup` measures it paying on this machine (before the
+        settings are chosen, so they are measured on the packed pair). ``.linear_packing`` holds
+        that speedup (None where nothing was measured) and whether the pair was packed.
         """
         from ..hub import default_drafter, load_target, shipped_drafter_path
         from ..precision import parse_dtype
@@ -256,11 +269,15 @@ class SpeculativeGenerator:
         else:
             draft = DFlashDrafter.from_pretrained(drafter, device=model.device, dtype=model.dtype)
             folder = Path(drafter)
-        if pack_linears:
-            from .packed_linear import pack_linears as pack
+        packing = LinearPacking(False, None)
+        if pack_linears is not False:
+            from .packed_linear import PAYS, pack_linears as pack, packing_speedup
 
-            pack(model)
-            pack(draft)
+            speedup = packing_speedup(model, draft) if pack_linears is None else None
+            if pack_linears or (speedup is not None and speedup >= PAYS):
+                packing = LinearPacking(pack(model) + pack(draft) > 0, speedup)
+            else:
+                packing = LinearPacking(False, speedup)
         choice = DeviceChoice(config, "given") if config is not None else device_config(
             lambda c: cls(model, draft, config=c, tokenizer=tokenizer), model.device, model.dtype, folder,
             pair_fingerprint(model, draft), tokenizer, candidates=fitting_candidates(draft))
@@ -268,11 +285,14 @@ class SpeculativeGenerator:
             gate = config is None and model.device.type == "cpu"
         gen = cls(model, draft, config=choice.config, tokenizer=tokenizer, gate=SpeculationGate() if gate else None)
         gen.config_choice = choice
+        gen.linear_packing = packing
         return gen
 
     def with_config(self, config: ReAnchorConfig) -> SpeculativeGenerator:
         """A generator over the same target and drafter (no copy) with other settings."""
-        return type(self)(self.target.model, self.drafter, config=config, tokenizer=self.tokenizer, gate=self.gate)
+        gen = type(self)(self.target.model, self.drafter, config=config, tokenizer=self.tokenizer, gate=self.gate)
+        gen.linear_packing = self.linear_packing
+        return gen
 
     # ---- public API ---------------------------------------------------------------
 

@@ -52,6 +52,7 @@ class Hook:
     device: str  # where it changes anything
     reason: str
     plain_cpu_only: bool = False  # installed only where SGLang sees no accelerator platform
+    opt_in: str | None = None  # installed only where this environment variable is 1 (`packed_linears`)
     sglang: str = "0.5.23"  # the version it was written against
 
 
@@ -60,6 +61,14 @@ HOOKS: tuple[Hook, ...] = (
          "cpu_compat:_rope_init_without_vllm", "load", "plain CPU",
          "the constructor imports vllm's rotary kernel on an unknown device; take the CPU branch",
          plain_cpu_only=True),
+    Hook("packed-linear", "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+         "packed_linears:_packed_apply", "load", "plain CPU, float32",
+         "float32 F.linear on a few rows is slow on AVX2 CPUs: oneDNN weights packed once (every server)",
+         plain_cpu_only=True, opt_in="SGLANG_REANCHOR_PACK_LINEARS"),
+    Hook("packed-lm-head", "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+         "packed_linears:_packed_lm_head", "load", "plain CPU, float32",
+         "the LM head's float32 matmul on a few rows, as packed-linear (every server)",
+         plain_cpu_only=True, opt_in="SGLANG_REANCHOR_PACK_LINEARS"),
     Hook("validate-request", "sglang.srt.managers.scheduler.validate_dflash_request",
          "request_checks:_validate", "load", "any",
          "refuse on arrival what a tree cannot serve (custom logit processors), in REANCHOR schedulers only"),
@@ -169,14 +178,26 @@ def install(when: When, plain_cpu: bool) -> list[str]:
         return []
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    hooks = [h for h in HOOKS if h.when == when and (plain_cpu or not h.plain_cpu_only)]
+    hooks = [h for h in HOOKS if h.when == when and (plain_cpu or not h.plain_cpu_only) and _opted_in(h)]
     for hook in hooks:
         HookRegistry.register(hook.target, _impl(hook), HookType.AROUND)
     if when == "worker":  # load-time hooks are applied by SGLang's own load_plugins()
         _apply_or_fail([h.target for h in hooks])
     _installed.add(when)
+    if any(h.opt_in for h in hooks):  # changes every server of this SGLang, plain ones included: say so
+        logger.warning("REANCHOR: float32 CPU linears run on oneDNN weights packed once, in every server "
+                       "($SGLANG_REANCHOR_PACK_LINEARS=1; sglang_reanchor/srt/packed_linears.py)")
     logger.info("REANCHOR: %s hooks: %s", when, ", ".join(h.name for h in hooks) or "none")
     return [h.name for h in hooks]
+
+
+def _opted_in(hook: Hook) -> bool:
+    if hook.opt_in is None:
+        return True
+    from .packed_linears import PACK_LINEARS_ENV, packing_requested
+
+    assert hook.opt_in == PACK_LINEARS_ENV, hook.opt_in  # the only opt-in so far
+    return packing_requested()
 
 
 def _impl(hook: Hook) -> Callable[..., Any]:

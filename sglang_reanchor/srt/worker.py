@@ -441,6 +441,14 @@ class ReAnchorWorker(DFlashWorkerV2):
         if profile.dtype and profile.dtype != served:
             logger.warning("REANCHOR: cost profile %s was measured in %s, the server runs %s", path,
                            profile.dtype, served)
+        from .cpu_compat import needs_cpu_hooks
+        from .packed_linears import packing_requested
+
+        packed = packing_requested() and needs_cpu_hooks()  # where the packing hooks are installed
+        if profile.packed_linears != packed:
+            logger.warning("REANCHOR: cost profile %s was measured with %s linears, the server runs %s ones "
+                           "($SGLANG_REANCHOR_PACK_LINEARS; `bench cost --pack-linears`)", path,
+                           *("packed" if p else "unpacked" for p in (profile.packed_linears, packed)))
         top = self.widths.verify_nodes
         return profile.batch_budget(self.reanchor.offsets, self.reanchor.max_depth,
                                     candidates=tuple(b for b in (2, 4, 8, 16, 32) if b < top) + (top,))
