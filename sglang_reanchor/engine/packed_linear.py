@@ -9,9 +9,11 @@ and calling ``torch.ops.mkldnn._linear_pointwise`` gives the same logits (max |d
 7e-5 there) and runs the forward 1.14x faster for 1 token, 1.80x for 2, 1.29x for 8 and
 1.25x for 16 (``results/2026-12-06_zen3-v7-3ec5d29a511d/packed_linear_estimate.*``).
 
-Packing pays for decode-sized inputs only: from 32 rows on (a prompt's prefill) torch's own GEMM
-is as fast or faster there (SmolLM2's forward of 32 tokens 158 ms packed against 147 ms), so
-`PackedLinear` runs inputs of more than ``max_rows`` rows (16) through ``F.linear``.
+Inputs of more than ``max_rows`` rows (128) go through ``F.linear``, which is about as fast for a
+long prompt's prefill. The limit was 16 rows at first (from one whole-model forward of 32 tokens at
+prefix 0: 158 ms packed against 147); that sent the drafter's second block (32 rows) to ``F.linear``:
+two ReAnchor blocks cost 50-54 ms against 28-35 ms with a 128-row limit, verifies of 24-48 nodes
+148-260 ms against 131-214 (prefix 256, ``results/2026-12-06_zen3-v7-3ec5d29a511d/packed_max_rows.*``).
 
 `pack_linears` swaps a model's float32 CPU ``nn.Linear`` modules for `PackedLinear` in
 place. `packing_speedup` measures, on this machine, how much faster the packed kernels run
@@ -34,7 +36,7 @@ from torch import Tensor, nn
 __all__ = ["PAYS", "PackedLinear", "pack_linears", "packing_available", "packing_speedup"]
 
 PAYS = 1.05  # pack where the packed kernels run the model's linears at least this much faster
-MAX_ROWS = 16  # above this many rows (prefill) F.linear's GEMM is as fast: see the module docstring
+MAX_ROWS = 128  # above this many rows (a long prefill) F.linear: see the module docstring
 
 
 def packing_available() -> bool:

@@ -5,7 +5,7 @@ for the measurements): on a plain CPU SGLang runs every unquantized linear with 
 (``UnquantizedLinearMethod.apply``) and the LM head with ``torch.matmul``
 (``LogitsProcessor._compute_lm_head``); its own packed CPU kernels need ``sgl_kernel`` built for
 Intel AMX. With ``SGLANG_REANCHOR_PACK_LINEARS=1`` two load-time hooks (`seam.HOOKS`) run float32
-inputs of up to `MAX_ROWS` rows (decode and verify steps; a prefill keeps SGLang's path) through
+inputs of up to `MAX_ROWS` rows (128: decode, verify and draft steps; a longer prefill keeps SGLang's path) through
 ``torch.ops.mkldnn._linear_pointwise`` on a copy of the weight packed at its first use.
 
 The hooks are load-time, so *every* server of the machine's SGLang takes them when the variable
