@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +122,7 @@ def packing_speedup(*models: nn.Module, rows: tuple[int, ...] = (1, 2, 8), repea
     return plain / packed
 
 
-def _best_time(call, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def _best_time(call: Callable[[], object], repeats: int) -> float:
     call()  # warm-up
     best = float("inf")
     for _ in range(repeats):
