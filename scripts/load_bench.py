@@ -16,9 +16,13 @@ to ``/generate``. Per (method, c) it records requests/s, output tokens/s, mean
 latency, and the tokens of every answer; answers are compared across methods (at T=0
 they should be equal; bfloat16 near-ties can differ, so the count is reported, not
 asserted). Writes ``load.json`` and ``load.md``; methods are run one after another,
-each alone on the machine.
+each alone on the machine. On a shared machine whose speed drifts by more than the
+differences measured, ``--interleave R`` keeps every server up (idle ones sleep) and
+measures each level ``R`` times, every method in turn: ratios come from neighbouring
+measurements.
 
-Methods (``--methods``): ``plain`` (no speculation), ``chain`` (REANCHOR with
+Methods (``--methods``): ``plain`` (no speculation), ``plain-sync`` (the same with
+``--disable-overlap-schedule``: the synchronous event loop REANCHOR's worker runs in), ``chain`` (REANCHOR with
 ``--chain-config``, by default ``{"offsets": []}``: DFlash's chain), ``reanchor`` (the config in
 ``--reanchor-config``); ``chain-batch`` and ``reanchor-batch`` (the same plus ``batch_node_budget`` =
 ``--batch-node-budget``) and ``chain-cost`` and ``reanchor-cost`` (the same with
@@ -37,6 +41,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import requests
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=None, help="HF target folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", type=Path, default=None, help="z-lab drafter folder (default: the shipped one)")
     ap.add_argument("--methods", nargs="+", default=["plain", "chain", "reanchor", "reanchor-batch", "reanchor-cost"],
-                    choices=["plain", "defaults",
+                    choices=["plain", "plain-sync", "defaults",
                              *(f"{m}{v}" for m in ("chain", "reanchor") for v in ("", "-batch", "-cost"))])
     ap.add_argument("--reanchor-config", default='{"policy": "offset", "offsets": [1, 2, 3], '
                     '"node_budget": 8, "max_depth": 3}', help="SGLANG_REANCHOR_CONFIG of 'reanchor'")
@@ -114,12 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pack-linears", action="store_true",
                     help="every server, plain included, runs float32 CPU linears on oneDNN weights packed once "
                     "($SGLANG_REANCHOR_PACK_LINEARS=1, sglang_reanchor/srt/packed_linears.py)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="R",
+                    help="keep every method's server up (idle ones sleep) and measure each level R times, "
+                    "every method in turn, the order rotated each repeat: the machine's drift falls on all "
+                    "methods alike; figures are the medians (default 0: one server at a time)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     costed = [m for m in args.methods if m.endswith("-cost")]
     if costed and args.cost_profile is None:
         ap.error(f"--cost-profile is required for the methods {', '.join(costed)} (a `python -m sglang_reanchor.bench "
                  "cost` profile measured on this machine); or leave them out of --methods")
+    if args.interleave < 0:
+        ap.error(f"--interleave must be >= 0 (repeats; 0 runs one server at a time), got {args.interleave}")
     if args.cost_profile is not None and not args.cost_profile.is_file():
         ap.error(f"--cost-profile {args.cost_profile} is not a file")
 
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
     target = args.target or default_target_path()
     drafter = args.drafter or shipped_drafter_path()
-    configs: dict[str, str | None] = {"plain": None, "defaults": None}
+    configs: dict[str, str | None] = {"plain": None, "plain-sync": None, "defaults": None}
     envs: dict[str, dict[str, str]] = {}
     for name, config in (("chain", args.chain_config), ("reanchor", args.reanchor_config)):
         configs[name] = configs[f"{name}-cost"] = config
@@ -144,28 +155,69 @@ def main(argv: list[str] | None = None) -> int:
                              "requests": args.requests, "dtype": args.dtype, "command": " ".join(sys.argv),
                              "configs": configs, "cost_profile": str(args.cost_profile),
                              "packed_linears": args.pack_linears}, "runs": {}}
+    if args.interleave:  # idle servers wait on their sockets instead of polling them
+        server_args += ["--sleep-on-idle"]
+        report["meta"]["interleave"] = args.interleave
+
+    def server(stack: ExitStack, root: Path, method: str) -> str:
+        algorithm = None if method.startswith("plain") else "REANCHOR"
+        sync = ["--disable-overlap-schedule"] if method == "plain-sync" else []
+        print(f"== {method}: starting the server", flush=True)
+        url = stack.enter_context(launch(root, algorithm, configs[method], extra_args=server_args + sync,
+                                         timeout=1200, extra_env=envs.get(method)))
+        run_level(url, 1, 2, 8)  # warm-up
+        return url
+
+    def level(url: str, method: str, c: int) -> dict:
+        out = run_level(url, c, max(args.requests, c), args.max_new_tokens)
+        print(f"   {method} c={c:2d}: {out['requests_per_s']:.2f} req/s, {out['tokens_per_s']:.1f} tok/s, "
+              f"latency {out['mean_latency_s']:.1f} s", flush=True)
+        return out
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "target").symlink_to(Path(target).resolve())
         (root / "drafter").symlink_to(Path(drafter).resolve())
-        for method in args.methods:
-            algorithm = None if method == "plain" else "REANCHOR"
-            print(f"== {method}: starting the server", flush=True)
-            with launch(root, algorithm, configs[method], extra_args=server_args, timeout=1200,
-                        extra_env=envs.get(method)) as url:
-                run_level(url, 1, 2, 8)  # warm-up
-                levels = []
-                for c in args.concurrency:
-                    level = run_level(url, c, max(args.requests, c), args.max_new_tokens)
-                    levels.append(level)
-                    print(f"   c={c:2d}: {level['requests_per_s']:.2f} req/s, {level['tokens_per_s']:.1f} tok/s, "
-                          f"latency {level['mean_latency_s']:.1f} s", flush=True)
-            report["runs"][method] = levels
+        if not args.interleave:  # one server at a time, all its levels
+            for method in args.methods:
+                with ExitStack() as stack:
+                    url = server(stack, root, method)
+                    report["runs"][method] = [level(url, method, c) for c in args.concurrency]
+        else:  # every server up; each level measured for every method in turn, the order rotated each repeat
+            with ExitStack() as stack:
+                urls = {method: server(stack, root, method) for method in args.methods}
+                reps: dict[str, list[list[dict]]] = {m: [[] for _ in args.concurrency] for m in args.methods}
+                for rep in range(args.interleave):
+                    order = args.methods[rep % len(args.methods):] + args.methods[:rep % len(args.methods)]
+                    for i, c in enumerate(args.concurrency):
+                        for method in order:
+                            reps[method][i].append(level(urls[method], method, c))
+            report["runs"] = {m: [merge_repeats(r) for r in reps[m]] for m in args.methods}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "load.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / "load.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def merge_repeats(repeats: list[dict]) -> dict:
+    """One level's interleaved repeats as one: the median of each figure, every repeat's figures
+    under ``"repeats"``, the first repeat's answers (at T = 0 every repeat's should be the same;
+    ``answers_stable`` says whether they were)."""
+    merged = {k: statistics.median(r[k] for r in repeats)
+              for k in ("seconds", "requests_per_s", "tokens_per_s", "mean_latency_s")}
+    return {"concurrency": repeats[0]["concurrency"], "requests": repeats[0]["requests"], **merged,
+            "repeats": [{k: v for k, v in r.items() if k != "answers"} for r in repeats],
+            "answers": repeats[0]["answers"],
+            "answers_stable": all(r["answers"] == repeats[0]["answers"] for r in repeats)}
+
+
+def ratio_to(level: dict, base: dict) -> str:
+    """``level``'s tokens/s over ``base``'s: interleaved, the median of each repeat's ratio and their range."""
+    if "repeats" not in level:
+        return f"{level['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+    ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(level["repeats"], base["repeats"])]
+    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
 
 
 def markdown(report: dict) -> str:
@@ -175,7 +227,10 @@ def markdown(report: dict) -> str:
     lines = ["# REANCHOR under load (CPU)", "",
              f"Target `{report['meta']['target']}`, drafter `{report['meta']['drafter']}`, {report['meta']['dtype']}, "
              f"{report['meta']['requests']} requests per level (or c), {report['meta']['max_new_tokens']} new tokens "
-             "each (greedy, ignore_eos), closed-loop clients; one server at a time"
+             "each (greedy, ignore_eos), closed-loop clients; "
+             + (f"every server up, each level measured {report['meta']['interleave']} times, every method in turn "
+                "(medians; x plain: the median of each repeat's ratio, its range in brackets)"
+                if report["meta"].get("interleave") else "one server at a time")
              + ("; every server with float32 linears packed for oneDNN" if report["meta"].get("packed_linears") else "")
              + ".", "",
              "Configs: " + ", ".join(f"`{m}` = `{c}`" for m, c in report["meta"]["configs"].items() if m in runs), "",
@@ -184,8 +239,10 @@ def markdown(report: dict) -> str:
     for i, level in enumerate(runs[methods[0]]):
         cells = []
         for m in methods:
-            t = runs[m][i]["tokens_per_s"]
-            cells.append(f"{t:.1f}" + (f" ({t / base[i]['tokens_per_s']:.2f}x)" if base and m != "plain" else ""))
+            cell = f"{runs[m][i]['tokens_per_s']:.1f}"
+            if base and m != "plain":
+                cell += f" ({ratio_to(runs[m][i], base[i])})"
+            cells.append(cell)
         lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + " |")
     lines += ["", "## Requests/s and mean latency (s)", "", "| concurrency | " + " | ".join(methods) + " |",
               "|---" * (len(methods) + 1) + "|"]

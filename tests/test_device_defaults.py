@@ -198,12 +198,42 @@ def test_a_server_budgets_batches_with_the_entrys_cost_profile(pair, tmp_path):
     (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
     assert served_config("cpu", "float32", str(tmp_path), environ={COST_PROFILE_ENV: "/mine.json"}).config == chosen
     for served_field, match in (({"cost_profile": "absent.json"}, "served.cost_profile 'absent.json' is not a file"),
+                                ({"cost_profile": "profile.json", "cost_profile_packed": "absent.json"},
+                                 "served.cost_profile_packed 'absent.json' is not a file"),
                                 ({"cost_profile": "profile.json", "config": {"batch_node_budget": 16}},
-                                 "served.cost_profile and served.config.batch_node_budget")):
+                                 "served.cost_profile and served.config.batch_node_budget"),
+                                ({"cost_profile_packed": "profile.json", "config": {"batch_node_budget": 16}},
+                                 "served.cost_profile_packed and served.config.batch_node_budget")):
         entry["served"] = served_field
         (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
         with pytest.raises(ValueError, match=match):
             shipped_choice(tmp_path, machine_key(CPU, torch.float32))
+
+
+def test_a_server_that_packs_its_linears_budgets_with_the_profile_measured_packed(pair, tmp_path):
+    """``served.cost_profile_packed``: a server that packs its float32 linears
+    (``$SGLANG_REANCHOR_PACK_LINEARS``) budgets with it, one that does not with ``cost_profile``;
+    without a packed profile both take ``cost_profile``."""
+    from sglang_reanchor.bench.cost import CostProfile
+    from sglang_reanchor.srt.settings import served_config
+
+    _, drafter = pair
+    chosen = small_candidates(drafter)[1]
+    for name, verify in (("unpacked.json", 0.02), ("packed.json", 0.01)):
+        CostProfile(prefix=16, verify_s={1: verify, 64: 0.4}, draft_s={1: 1e-3}, target_token_s=verify,
+                    packed_linears=name == "packed.json").save(tmp_path / name)
+    entry = {"key": machine_key(CPU, torch.float32), "config": {**asdict(chosen), "offsets": list(chosen.offsets)},
+             "served": {"cost_profile": "unpacked.json", "cost_profile_packed": "packed.json"}}
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    packed = served_config("cpu", "float32", str(tmp_path), environ={}, packed_linears=True)
+    plain = served_config("cpu", "float32", str(tmp_path), environ={}, packed_linears=False)
+    assert packed.cost_profile == str(tmp_path / "packed.json") and "packed linears" in packed.note
+    assert plain.cost_profile == str(tmp_path / "unpacked.json") and "packed linears" not in plain.note
+    assert packed.config == plain.config == chosen
+    del entry["served"]["cost_profile_packed"]
+    (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
+    assert served_config("cpu", "float32", str(tmp_path), environ={},
+                         packed_linears=True).cost_profile == str(tmp_path / "unpacked.json")
 
 
 def test_sampled_requests_run_the_entrys_choice_for_sampling(pair, tmp_path):

@@ -328,28 +328,42 @@ def test_a_cpu_server_without_settings_serves_the_drafter_folders_choice(pair, t
     assert alone and max(r["nodes"] for r in alone) > 2
 
 
+# a verify of up to 8 nodes costs one node's, drafting next to nothing: trees pay for a request
+# alone, roots alone (or 2 nodes) for three together
+SMALL_BATCH_PROFILE = {"verify_s": {1: 0.01, 8: 0.011, 9: 0.05, 64: 0.4}, "draft_s": {1: 1e-4, 64: 64e-4}}
+
+
+def _pair_shipping(pair, tmp_path: Path, config: dict, profiles: dict[str, dict], **served: str) -> Path:
+    """A copy of ``pair`` whose drafter folder ships ``config`` for this CPU kind in float32, the cost
+    ``profiles`` (file name -> `CostProfile` fields: verify_s, draft_s, ...), ``served`` naming them
+    (default: the first as ``cost_profile``)."""
+    import shutil
+
+    from sglang_reanchor.bench.cost import CostProfile
+    from sglang_reanchor.engine.defaults import machine_key
+
+    root = pair[0]
+    here = tmp_path / "pair"
+    here.mkdir()
+    (here / "target").symlink_to(root / "target")
+    shutil.copytree(root / "drafter", here / "drafter")
+    for name, costs in profiles.items():
+        CostProfile(prefix=16, target_token_s=0.01, dtype="float32", **costs).save(here / "drafter" / name)
+    entry = {"key": machine_key(torch.device("cpu"), torch.float32), "config": config,
+             "served": served or {"cost_profile": next(iter(profiles))}}
+    (here / "drafter" / "device_defaults.json").write_text(json.dumps({"entries": [entry]}))
+    return here
+
+
 def test_a_cpu_server_without_settings_budgets_batches_with_the_shipped_cost_profile(pair, tmp_path):
     """No settings; the drafter folder's entry for this CPU kind ships a cost profile
     (``served.cost_profile``): the launcher passes it on and the scheduler budgets each round
     by it (`BatchBudget`; the profile of `test_cost_profile_budget_shrinks_trees_as_the_batch_grows`):
     a request alone keeps its tree, three together mostly verify their roots alone or 2 nodes;
     tokens stay the reference engine's."""
-    import shutil
-
-    from sglang_reanchor.bench.cost import CostProfile
-    from sglang_reanchor.engine.defaults import machine_key
-
-    root, target, drafter = pair
-    here = tmp_path / "pair"
-    here.mkdir()
-    (here / "target").symlink_to(root / "target")
-    shutil.copytree(root / "drafter", here / "drafter")
-    CostProfile(prefix=16, verify_s={1: 0.01, 8: 0.011, 9: 0.05, 64: 0.4}, draft_s={1: 1e-4, 64: 64e-4},
-                target_token_s=0.01, dtype="float32").save(here / "drafter" / "profile.json")
+    _, target, drafter = pair
     shipped = {"policy": "offset", "node_budget": 8}
-    entry = {"key": machine_key(torch.device("cpu"), torch.float32), "config": shipped,
-             "served": {"cost_profile": "profile.json"}}
-    (here / "drafter" / "device_defaults.json").write_text(json.dumps({"entries": [entry]}))
+    here = _pair_shipping(pair, tmp_path, shipped, {"profile.json": SMALL_BATCH_PROFILE})
     trace = tmp_path / "trace.jsonl"
     got = serve(here, "REANCHOR", ROUNDS[:2], None, trace)
     reference = SpeculativeGenerator(target, drafter, config=parse_config(json.dumps(shipped)))
@@ -359,3 +373,25 @@ def test_a_cpu_server_without_settings_budgets_batches_with_the_shipped_cost_pro
     together = [r for r in rows if r["batch"] == 3]
     assert together and sum(r["nodes"] <= 2 for r in together) >= 0.7 * len(together)
     assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree
+
+
+def test_a_server_that_packs_its_linears_budgets_with_the_shipped_packed_profile(pair, tmp_path):
+    """No settings, ``$SGLANG_REANCHOR_PACK_LINEARS=1``; the entry ships a profile measured with
+    unpacked linears by which drafting never pays and one measured packed by which it does
+    (``served.cost_profile_packed``): the launcher passes the packed one on, so a request alone
+    verifies trees; tokens stay the reference engine's."""
+    from sglang_reanchor.srt.packed_linears import PACK_LINEARS_ENV
+
+    _, target, drafter = pair
+    shipped = {"policy": "offset", "node_budget": 8}
+    never = {"verify_s": {1: 0.01, 64: 0.4}, "draft_s": {1: 10.0, 64: 640.0}}
+    packed = {**SMALL_BATCH_PROFILE, "packed_linears": True}
+    here = _pair_shipping(pair, tmp_path, shipped, {"unpacked.json": never, "packed.json": packed},
+                          cost_profile="unpacked.json", cost_profile_packed="packed.json")
+    trace = tmp_path / "trace.jsonl"
+    got = serve(here, "REANCHOR", ROUNDS[:2], None, trace, extra_env={PACK_LINEARS_ENV: "1"})
+    reference = SpeculativeGenerator(target, drafter, config=parse_config(json.dumps(shipped)))
+    for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:
+        assert got[rid]["output_ids"] == reference.generate(prompt, n, method="reanchor").tokens, rid
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert sum(r["nodes"] > 2 for r in rows if r["batch"] == 1) >= 3  # the unpacked profile would explore once

@@ -79,7 +79,9 @@ MEASURE_PROMPTS: tuple[str, ...] = (
 # in a drafter folder: {"entries": [{"key": ..., "config": ..., "served": {"config": {...}, "cost_profile": ...,
 # "measured": ...}}]}; "served" (optional) holds what an SGLang server changes on top of "config" (the
 # engine's choice, measured one request at a time), measured under load: batch_node_budget, or a cost
-# profile of this machine kind (a file in the folder) for the batch-aware budget (`budget.BatchBudget`)
+# profile of this machine kind (a file in the folder) for the batch-aware budget (`budget.BatchBudget`),
+# and "cost_profile_packed", one measured with packed linears, for servers that pack them
+# ($SGLANG_REANCHOR_PACK_LINEARS, `srt.packed_linears`)
 SHIPPED_FILE = "device_defaults.json"
 
 
@@ -95,6 +97,7 @@ class DeviceChoice:
     served: ReAnchorConfig | None = None  # what an SGLang server serves instead (shipped entries' "served")
     served_measured: str = ""  # where that was measured
     served_cost_profile: Path | None = None  # the cost profile an SGLang server budgets batches with
+    served_cost_profile_packed: Path | None = None  # ... one whose linears are packed (`srt.packed_linears`)
     sampled: DeviceChoice | None = None  # the choice measured at a temperature > 0 (shipped entries' "sampled")
 
 
@@ -189,12 +192,15 @@ def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice 
             unknown = sorted(set(served.get("config", {})) - {"batch_node_budget"})
             if unknown:
                 raise ValueError(f"{file}: an entry's served.config may set batch_node_budget only, got {unknown}")
-            profile = folder / served["cost_profile"] if served.get("cost_profile") else None
-            if profile is not None and not profile.is_file():
-                raise ValueError(f"{file}: served.cost_profile {served['cost_profile']!r} is not a file in {folder}")
-            if profile is not None and served.get("config", {}).get("batch_node_budget") is not None:
-                raise ValueError(f"{file}: an entry's served.cost_profile and served.config.batch_node_budget "
-                                 "both cap a batch's nodes; keep one")
+            profiles: dict[str, Path | None] = {}
+            for name in ("cost_profile", "cost_profile_packed"):
+                profile = folder / served[name] if served.get(name) else None
+                if profile is not None and not profile.is_file():
+                    raise ValueError(f"{file}: served.{name} {served[name]!r} is not a file in {folder}")
+                if profile is not None and served.get("config", {}).get("batch_node_budget") is not None:
+                    raise ValueError(f"{file}: an entry's served.{name} and served.config.batch_node_budget "
+                                     "both cap a batch's nodes; keep one")
+                profiles[name] = profile
             # the speeds are those of the weights measured (the choice, a cost shape of the machine, stays valid)
             fresh = entry.get("drafter_sha256") in (None, _weights_sha256(folder))
             raw = entry.get("sampled")
@@ -204,7 +210,9 @@ def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice 
             return DeviceChoice(config, "shipped", entry.get("tokens_per_s") if fresh else None,
                                 entry.get("plain_tokens_per_s") if fresh else None,
                                 served=config.replace(**served["config"]) if served.get("config") else None,
-                                served_measured=str(served.get("measured", "")), served_cost_profile=profile,
+                                served_measured=str(served.get("measured", "")),
+                                served_cost_profile=profiles["cost_profile"],
+                                served_cost_profile_packed=profiles["cost_profile_packed"],
                                 sampled=sampled)
     return None
 

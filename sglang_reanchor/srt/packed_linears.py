@@ -25,7 +25,7 @@ import torch
 
 from ..engine.packed_linear import MAX_ROWS, packing_available
 
-__all__ = ["PACK_LINEARS_ENV", "packing_requested"]
+__all__ = ["PACK_LINEARS_ENV", "packing_requested", "packs_linears_here"]
 
 PACK_LINEARS_ENV = "SGLANG_REANCHOR_PACK_LINEARS"
 
@@ -41,6 +41,14 @@ def packing_requested(environ: dict[str, str] | None = None) -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"{PACK_LINEARS_ENV} must be 0 or 1, got {value!r}")
     return value == "1" and packing_available()
+
+
+def packs_linears_here() -> bool:
+    """This process's servers run the packed hooks: packing is requested and SGLang runs on a plain
+    CPU (where the load-time hooks install, `seam`)."""
+    from .cpu_compat import needs_cpu_hooks
+
+    return packing_requested() and needs_cpu_hooks()
 
 
 def _packed_weight(owner: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor | None:

@@ -114,12 +114,14 @@ class ServedConfig:
 
 
 def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: int = 1, full_vocab_only: bool = False,
-                  environ: Mapping[str, str] | None = None) -> ServedConfig:
+                  environ: Mapping[str, str] | None = None, packed_linears: bool = False) -> ServedConfig:
     """The config to serve (module docstring): ``$SGLANG_REANCHOR_CONFIG`` when set, else by device.
 
     ``dtype``: what the target runs in (``"float32"``, ``"bfloat16"``, ...); ``drafter_folder``: a
     local folder (a hub id ships nothing); ``tp_size`` > 1 or ``full_vocab_only`` (a Domino drafter)
-    drop the shipped choice's ``draft_vocab`` and branching, which those servers do not run.
+    drop the shipped choice's ``draft_vocab`` and branching, which those servers do not run;
+    ``packed_linears``: the server packs its float32 linears (`packed_linears`), and budgets its
+    batches with the entry's profile measured so (``served.cost_profile_packed``) where it has one.
 
     >>> served_config("cuda", "bfloat16", None, environ={}).source
     'paper'
@@ -158,6 +160,10 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
     profile = None
     if own_profile:
         speed += f", each round's budget chosen for the batch from ${COST_PROFILE_ENV}"
+    elif packed_linears and choice.served_cost_profile_packed is not None:
+        profile = str(choice.served_cost_profile_packed)
+        speed += (f", each round's budget chosen for the batch from the shipped cost profile {profile}, measured with "
+                  f"packed linears as this server runs them {where}")
     elif choice.served_cost_profile is not None:
         profile = str(choice.served_cost_profile)
         speed += f", each round's budget chosen for the batch from the shipped cost profile {profile} {where}"

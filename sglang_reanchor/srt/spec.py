@@ -26,6 +26,7 @@ import torch
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from .packed_linears import packs_linears_here
 from .settings import COST_PROFILE_ENV, ENV_VAR, config_json, load_config, served_config, serving_widths
 
 __all__ = ["NAME", "ReAnchorSpecAlgo", "draft_query_width", "handle_server_args", "is_dspark_config", "validate_server_args"]
@@ -171,7 +172,8 @@ def handle_server_args(server_args: Any) -> None:
     validate_server_args(server_args)
     cfg = resolving_view(server_args)
     served = served_config(str(cfg.device or "cuda"), _target_dtype(cfg), cfg.speculative_draft_model_path,
-                           tp_size=int(cfg.tp_size or 1), full_vocab_only=_has_own_rollout(cfg.speculative_draft_model_path))
+                           tp_size=int(cfg.tp_size or 1), full_vocab_only=_has_own_rollout(cfg.speculative_draft_model_path),
+                           packed_linears=packs_linears_here())
     config = served.config
     if served.source == "shipped":  # the schedulers this process spawns read the same config (settings.py)
         os.environ[ENV_VAR] = config_json(config)

@@ -441,10 +441,9 @@ class ReAnchorWorker(DFlashWorkerV2):
         if profile.dtype and profile.dtype != served:
             logger.warning("REANCHOR: cost profile %s was measured in %s, the server runs %s", path,
                            profile.dtype, served)
-        from .cpu_compat import needs_cpu_hooks
-        from .packed_linears import packing_requested
+        from .packed_linears import packs_linears_here
 
-        packed = packing_requested() and needs_cpu_hooks()  # where the packing hooks are installed
+        packed = packs_linears_here()
         if profile.packed_linears != packed:
             logger.warning("REANCHOR: cost profile %s was measured with %s linears, the server runs %s ones "
                            "($SGLANG_REANCHOR_PACK_LINEARS; `bench cost --pack-linears`)", path,

@@ -1,0 +1,60 @@
+"""`scripts/load_bench.py`'s interleaved figures: repeats merged, ratios from neighbouring measurements.
+
+The servers themselves are exercised by the serving tests (`http_server.launch`); a full run is a
+benchmark (`results/*/load_*`), not a test.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import load_bench  # noqa: E402
+
+
+def _level(tokens_per_s: float, answers: dict[str, list[int]], c: int = 4) -> dict:
+    return {"concurrency": c, "requests": 8, "seconds": 256 / tokens_per_s, "requests_per_s": 8 * tokens_per_s / 256,
+            "tokens_per_s": tokens_per_s, "mean_latency_s": 1.0, "answers": answers}
+
+
+def test_repeats_merge_to_medians_and_say_whether_answers_held():
+    same = {"0": [1, 2], "1": [3]}
+    merged = load_bench.merge_repeats([_level(10.0, same), _level(30.0, same), _level(20.0, same)])
+    assert merged["tokens_per_s"] == 20.0 and merged["concurrency"] == 4
+    assert [r["tokens_per_s"] for r in merged["repeats"]] == [10.0, 30.0, 20.0]
+    assert all("answers" not in r for r in merged["repeats"]) and merged["answers"] == same
+    assert merged["answers_stable"]
+    assert not load_bench.merge_repeats([_level(10.0, same), _level(10.0, {"0": [1, 2], "1": [4]})])["answers_stable"]
+
+
+def test_interleaved_ratios_pair_each_repeat_with_plains_neighbour():
+    """The machine slows down between repeats: two of three repeats' ratios are 1.10, the medians' 0.82."""
+    answers = {"0": [1]}
+    plain = load_bench.merge_repeats([_level(t, answers) for t in (100.0, 50.0, 80.0)])
+    fast = load_bench.merge_repeats([_level(t * 1.1, answers) for t in (100.0, 50.0, 60.0)])
+    ratios = sorted([1.1, 1.1, 66 / 80])
+    assert load_bench.ratio_to(fast, plain) == f"{ratios[1]:.2f}x [{ratios[0]:.2f}-{ratios[2]:.2f}]"
+    # one server at a time: the plain ratio of the two figures
+    assert load_bench.ratio_to(_level(33.0, answers), _level(30.0, answers)) == "1.10x"
+
+
+@pytest.mark.parametrize("interleave", [0, 3])
+def test_the_report_names_how_it_was_measured(interleave):
+    answers = {"0": [1, 2]}
+    levels = {"plain": [(1, 10.0), (16, 100.0)], "chain-cost": [(1, 12.0), (16, 90.0)]}
+    runs: dict[str, list[dict]] = {}
+    for method, figures in levels.items():
+        runs[method] = [load_bench.merge_repeats([_level(t * k, answers, c) for k in (1.0, 0.9, 1.1)])
+                        if interleave else _level(t, answers, c) for c, t in figures]
+    meta = {"target": "t", "drafter": "d", "max_new_tokens": 32, "requests": 8, "dtype": "float32",
+            "command": "load_bench.py ...", "configs": {"plain": None, "chain-cost": "{}"}, "interleave": interleave}
+    text = load_bench.markdown({"meta": meta, "runs": runs})
+    assert ("each level measured 3 times" in text) == bool(interleave)
+    assert ("one server at a time" in text) == (not interleave)
+    row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
+    assert "(1.20x" in row and ("[1.20-1.20]" in row) == bool(interleave)
+    assert "| chain-cost | 2 / 2 |" in text  # one answer per level, equal to plain's
