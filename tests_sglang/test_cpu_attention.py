@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sglang_reanchor.srt.cpu_attention import NAME
@@ -165,9 +165,12 @@ def test_torch_req_to_token_assign_equals_sglangs_triton_kernel(seed):
 @settings(max_examples=30, deadline=None)
 @given(lens=st.lists(st.integers(1, 40), min_size=1, max_size=6), kv_heads=st.sampled_from([1, 3]),
        group=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
+@example(lens=[9, 9, 9], kv_heads=3, group=3, seed=1)  # one length: the step runs without a mask
+@example(lens=[9, 2, 9], kv_heads=3, group=3, seed=1)
 def test_batched_decode_equals_torch_natives_loop(lens, kv_heads, group, seed):
     """A plain decode step in one padded SDPA call equals SGLang's ``torch_native`` loop (one SDPA
-    call per request) on SGLang's own pools: ragged lengths, scattered slots, GQA, the new KV cached."""
+    call per request) on SGLang's own pools: ragged and equal lengths, scattered slots, GQA, the new
+    KV cached."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool

@@ -12,6 +12,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from test_serving_cpu import PROMPTS, ROUNDS, pair, serve  # noqa: F401  (pair: a fixture)
 
 from sglang_reanchor import SpeculativeGenerator
+from sglang_reanchor.drafter.draft_vocab import DraftVocabHead
 from sglang_reanchor.engine.packed_linear import MAX_ROWS, packing_available
 from sglang_reanchor.srt import packed_linears, seam
 from sglang_reanchor.srt.settings import parse_config
@@ -53,6 +54,23 @@ def test_other_dtypes_keep_sglangs_path_and_an_updated_weight_is_packed_again():
         layer.weight.mul_(-2.0)  # an in-place update (SGLang's weight loaders write so)
     got = packed_linears._packed_apply(UnquantizedLinearMethod.apply, method, layer, x)
     torch.testing.assert_close(got, method.apply(layer, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1])
+def test_the_draft_vocabulary_head_packs_like_the_lm_head(rows):
+    """The worker's draft-vocabulary logits on a packing server: the packed kernel on the head's
+    own rows (its bias too), SGLang's path (None) past `MAX_ROWS`."""
+    gen = torch.Generator().manual_seed(2)
+    lm_head = torch.nn.Linear(48, 100, bias=True)
+    head = DraftVocabHead(lm_head, torch.randperm(100, generator=gen)[:40])
+    x = torch.randn(rows, 48, generator=gen)
+    got = packed_linears.packed_linear_or_none(head, head.weight, x, head.bias)
+    if rows > MAX_ROWS:
+        assert got is None
+    else:
+        assert got is not None
+        torch.testing.assert_close(got, head(x), rtol=1e-5, atol=1e-5)
+        assert torch.equal(head.token_ids[got.argmax(-1)], head.token_ids[head(x).argmax(-1)])
 
 
 def test_the_hooks_are_installed_only_when_asked(monkeypatch):

@@ -76,11 +76,12 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
         plan = self._decode_plan_for(forward_batch)
         bs = plan.cached.shape[0]
         query = q.reshape(bs, 1, heads, layer.qk_head_dim)
-        keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[plan.cached].to(query.dtype)  # [bs, S, Hkv, D]
-        values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)[plan.cached].to(query.dtype)
+        keys = _gather(self.token_to_kv_pool.get_key_buffer(layer.layer_id), plan.cached, query.dtype)  # [bs, S, Hkv, D]
+        values = _gather(self.token_to_kv_pool.get_value_buffer(layer.layer_id), plan.cached, query.dtype)
         out = scaled_dot_product_attention(
             query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=plan.mask[:, None], scale=layer.scaling, enable_gqa=heads != kv_heads,
+            attn_mask=None if plan.mask is None else plan.mask[:, None], scale=layer.scaling,
+            enable_gqa=heads != kv_heads,
         )  # [bs, H, 1, Dv]
         return out.transpose(1, 2).reshape(bs, heads * layer.v_head_dim)
 
@@ -92,11 +93,14 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
         if plan is not None and len(plan.key) == len(key) and all(a is b for a, b in zip(plan.key, key)):
             return plan
         seq_lens = forward_batch.seq_lens.long()
-        longest = int(forward_batch.seq_lens_cpu.max()) if forward_batch.seq_lens_cpu is not None else int(seq_lens.max())
+        host_lens = forward_batch.seq_lens_cpu
+        longest = int(host_lens.max()) if host_lens is not None else int(seq_lens.max())
         rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.long(), :longest].long()
         seen = torch.arange(longest, device=rows.device)[None, :] < seq_lens[:, None]  # [bs, S]
-        self._plan = _VerifyPlan(key=key, cached=rows.masked_fill(~seen, 0), mask=seen[:, None, :],
-                                 live=seen[:, :1])
+        # requests of one length (one request, always) need no mask: SDPA runs faster without
+        ragged = host_lens is None or bool((host_lens != longest).any())
+        self._plan = _VerifyPlan(key=key, cached=rows.masked_fill(~seen, 0),
+                                 mask=seen[:, None, :] if ragged else None, live=seen[:, :1])
         return self._plan
 
     def _verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
@@ -110,14 +114,15 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
         heads, kv_heads = layer.tp_q_head_num, layer.tp_k_head_num
         n = int(spec.draft_token_num)
         plan = self._plan_for(forward_batch, spec, n)
+        assert plan.mask is not None  # a verify plan always carries its tree mask
         bs = plan.cached.shape[0]
         query = q.view(bs, n, heads, layer.qk_head_dim)
         key_new = k.view(bs, n, kv_heads, layer.qk_head_dim)
         value_new = v.view(bs, n, kv_heads, layer.v_head_dim)
         k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        keys = torch.cat([k_cache[plan.cached].to(query.dtype), key_new.to(query.dtype)], dim=1)  # [bs, S+n, Hkv, D]
-        values = torch.cat([v_cache[plan.cached].to(query.dtype), value_new.to(query.dtype)], dim=1)
+        keys = torch.cat([_gather(k_cache, plan.cached, query.dtype), key_new.to(query.dtype)], dim=1)  # [bs, S+n, Hkv, D]
+        values = torch.cat([_gather(v_cache, plan.cached, query.dtype), value_new.to(query.dtype)], dim=1)
         out = scaled_dot_product_attention(
             query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=plan.mask[:, None], scale=layer.scaling, enable_gqa=heads != kv_heads,
@@ -144,20 +149,31 @@ class ReAnchorSdpaBackend(TorchNativeAttnBackend):
         return self._plan
 
 
+def _gather(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``cache[slots]`` (``[P, Hkv, D]`` by ``[bs, S]`` -> ``[bs, S, Hkv, D]``) in ``dtype``.
+
+    ``index_select`` copies whole rows; advanced indexing with a 2-D index goes element by
+    element and was 2-9x slower here (AMD Zen 3, float32, 3 KV heads of 64: 46 vs 22 us at one
+    request of 150 tokens, 1835 vs 208 us at 16 requests of 300)."""
+    rows = cache.index_select(0, slots.reshape(-1))
+    return rows.view(*slots.shape, *cache.shape[1:]).to(dtype)
+
+
 @dataclass(frozen=True)
 class _VerifyPlan:
     """What every layer of one verify forward shares.
 
     ``cached`` ``[bs, S]``: KV-pool slots of each request's cached tokens, padded with
     slot 0 past ``s_b`` (``S = max_b s_b``); ``mask`` ``[bs, n, S + n]`` bool (padding
-    False); ``live`` ``[bs, n]``: rows that see at least one key. ``key`` holds the
-    forward batch and its tensors (compared by identity), so a plan is reused only
-    within that forward; holding them, it also keeps their ids from being reused.
+    False; a decode plan's is None when every request has the same length); ``live``
+    ``[bs, n]``: rows that see at least one key. ``key`` holds the forward batch and its
+    tensors (compared by identity), so a plan is reused only within that forward; holding
+    them, it also keeps their ids from being reused.
     """
 
     key: tuple
     cached: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     live: torch.Tensor
 
 
