@@ -210,3 +210,25 @@ def test_batched_decode_equals_torch_natives_loop(lens, kv_heads, group, seed):
     assert torch.equal(pools[0].get_key_buffer(0)[batch.out_cache_loc], key)  # the new keys are cached
     assert torch.equal(pools[0].get_key_buffer(0), pools[1].get_key_buffer(0))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_attention_benchmark_checks_both_backends_and_writes_its_table(tmp_path):
+    """`scripts/cpu_attention_bench.py` on ragged and equal batches: it asserts the backend equals
+    ``torch_native`` and the gather equals advanced indexing before timing, then writes its JSON."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for ragged in ([], ["--ragged"]):
+        out = tmp_path / ("ragged" if ragged else "equal")
+        run = subprocess.run([sys.executable, str(root / "scripts" / "cpu_attention_bench.py"), "--batch-sizes", "1",
+                              "3", "--context", "24", "--iters", "2", "--repeats", "1", "--out", str(out), *ragged],
+                             capture_output=True, text=True, timeout=300, cwd=root)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "| requests | torch_native | reanchor_sdpa |" in run.stdout
+        rows = json.loads((out / "attention.json").read_text())["results"]
+        assert [r["batch_size"] for r in rows] == [1, 3]
+        assert (len(set(rows[1]["lens"])) > 1) == bool(ragged)
+        assert all(r[k] > 0 for r in rows for k in r if k.endswith("_us"))

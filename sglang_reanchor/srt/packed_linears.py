@@ -55,7 +55,9 @@ def _packed_weight(owner: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor
     """``weight`` packed for oneDNN, made at first use and kept on ``owner``; None where it does not apply."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+    # an inference tensor (made under inference_mode: the draft-vocabulary head's rows) has no
+    # version counter, and nothing rewrites one outside inference_mode
+    key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version, tuple(weight.shape))
     cached = owner.__dict__.get("_reanchor_packed")
     if cached is None or cached[0] != key:
         with torch.no_grad():
