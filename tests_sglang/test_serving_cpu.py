@@ -378,8 +378,10 @@ def test_a_cpu_server_without_settings_budgets_batches_with_the_shipped_cost_pro
 def test_a_server_that_packs_its_linears_budgets_with_the_shipped_packed_profile(pair, tmp_path):
     """No settings, ``$SGLANG_REANCHOR_PACK_LINEARS=1``; the entry ships a profile measured with
     unpacked linears by which drafting never pays and one measured packed by which it does
-    (``served.cost_profile_packed``): the launcher passes the packed one on, so a request alone
-    verifies trees; tokens stay the reference engine's."""
+    (``served.cost_profile_packed``): the launcher passes the packed one on (the worker warns on a
+    profile whose packing differs from the server's, and names it); tokens stay the reference
+    engine's. (Which budgets the server then picks follows its own measured round times, not the
+    profile's, once it has timed a round of each: not asserted here.)"""
     from sglang_reanchor.srt.packed_linears import PACK_LINEARS_ENV
 
     _, target, drafter = pair
@@ -389,9 +391,12 @@ def test_a_server_that_packs_its_linears_budgets_with_the_shipped_packed_profile
     here = _pair_shipping(pair, tmp_path, shipped, {"unpacked.json": never, "packed.json": packed},
                           cost_profile="unpacked.json", cost_profile_packed="packed.json")
     trace = tmp_path / "trace.jsonl"
-    got = serve(here, "REANCHOR", ROUNDS[:2], None, trace, extra_env={PACK_LINEARS_ENV: "1"})
+    got = serve(here, "REANCHOR", ROUNDS[:2], None, trace, extra_env={PACK_LINEARS_ENV: "1"}, want_log=True)
+    log = got.pop("_log")
+    assert "float32 CPU linears run on oneDNN weights packed once" in log  # the server packs
+    assert "measured with unpacked linears" not in log and "unpacked.json" not in log, log[-3000:]
     reference = SpeculativeGenerator(target, drafter, config=parse_config(json.dumps(shipped)))
     for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:
         assert got[rid]["output_ids"] == reference.generate(prompt, n, method="reanchor").tokens, rid
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert sum(r["nodes"] > 2 for r in rows if r["batch"] == 1) >= 3  # the unpacked profile would explore once
+    assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request drafts trees
