@@ -153,8 +153,8 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> tor
     """``cache[slots]`` (``[P, Hkv, D]`` by ``[bs, S]`` -> ``[bs, S, Hkv, D]``) in ``dtype``.
 
     ``index_select`` copies whole rows; advanced indexing with a 2-D index goes element by
-    element and was 2-9x slower here (AMD Zen 3, float32, 3 KV heads of 64: 46 vs 22 us at one
-    request of 150 tokens, 1835 vs 208 us at 16 requests of 300)."""
+    element and was 1.8-4.1x slower on a Zen 3 (float32, 3 KV heads of 64, 1-16 requests of up
+    to 300 tokens: `scripts/cpu_attention_bench.py`)."""
     rows = cache.index_select(0, slots.reshape(-1))
     return rows.view(*slots.shape, *cache.shape[1:]).to(dtype)
 

@@ -74,7 +74,6 @@ from .cpu_compat import needs_cpu_hooks
 from .layout import cap_tree, draft_window, verify_inputs
 from .node_sampling import adjust_node_logits, node_picks
 from .outputs import attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
-from .packed_linears import packs_linears_here
 from .request_checks import mark_active
 from .settings import COST_PROFILE_ENV, load_config, serving_widths
 from .spec import draft_query_width, is_dspark_config
@@ -442,6 +441,8 @@ class ReAnchorWorker(DFlashWorkerV2):
         if profile.dtype and profile.dtype != served:
             logger.warning("REANCHOR: cost profile %s was measured in %s, the server runs %s", path,
                            profile.dtype, served)
+        from .packed_linears import packs_linears_here
+
         packed = packs_linears_here()
         if profile.packed_linears != packed:
             logger.warning("REANCHOR: cost profile %s was measured with %s linears, the server runs %s ones "
