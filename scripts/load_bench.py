@@ -29,15 +29,28 @@ Methods (``--methods``): ``plain`` (no speculation), ``plain-sync`` (the same wi
 ``$SGLANG_REANCHOR_COST_PROFILE`` = ``--cost-profile``, required for them: each round's per-request
 budget chosen for the batch from the measured cost curve, `sglang_reanchor.budget.BatchBudget`);
 ``defaults`` (REANCHOR with nothing set: what the plugin serves on this machine, `settings.served_config`).
+
+Code A/B: ``--tree LABEL=SOURCE`` names a version of this package (a folder holding ``sglang_reanchor/``, or a git
+revision of this repository, exported once with ``git archive``); a method written ``METHOD@LABEL`` serves from
+it (its server's ``PYTHONPATH`` is that folder), so one run measures two versions side by side, e.g.::
+
+    load_bench.py --tree before=HEAD~1 --tree after=. --methods plain reanchor-cost@before reanchor-cost@after \
+        --baseline reanchor-cost@before --interleave 3 --concurrency 1 8 ...
+
+With ``--interleave`` the two versions' servers are up together and measured in turn, so the
+ratios compare neighbouring measurements: the way to see a change of a few percent on a drifting host.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +81,56 @@ QUESTIONS = [
     "List the planets of the solar system in order from the sun.",
     "Why do we have seasons on Earth?",
 ]
+
+
+BASE_METHODS = ["plain", "plain-sync", "defaults",
+                *(f"{m}{v}" for m in ("chain", "reanchor") for v in ("", "-batch", "-cost"))]
+
+
+def parse_trees(specs: list[str], repo: Path, scratch: Path) -> dict[str, Path]:
+    """``LABEL=SOURCE`` pairs as ``{label: folder}``: SOURCE a folder holding ``sglang_reanchor/``, or a git
+    revision of ``repo`` whose ``sglang_reanchor/`` is exported under ``scratch/LABEL``."""
+    trees: dict[str, Path] = {}
+    for spec in specs:
+        label, sep, source = spec.partition("=")
+        if not sep or not label.isidentifier() or not source:
+            raise ValueError(f"--tree takes LABEL=SOURCE (LABEL a name such as 'before', SOURCE a folder or a git "
+                             f"revision), got {spec!r}")
+        if label in trees:
+            raise ValueError(f"--tree label {label!r} given twice")
+        folder = Path(source)
+        if folder.is_dir():
+            if not (folder / "sglang_reanchor" / "__init__.py").is_file():
+                raise ValueError(f"--tree {spec}: {folder} holds no sglang_reanchor/ package")
+            trees[label] = folder.resolve()
+            continue
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{source}^{{commit}}"],
+                             capture_output=True, text=True)
+        if rev.returncode:
+            raise ValueError(f"--tree {spec}: {source!r} is neither a folder nor a git revision of {repo}")
+        archive = subprocess.run(["git", "-C", str(repo), "archive", rev.stdout.strip(), "sglang_reanchor"],
+                                 capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(scratch / label, filter="data")
+        trees[label] = scratch / label
+    return trees
+
+
+def split_method(method: str, trees: dict[str, Path]) -> tuple[str, str | None]:
+    """``"reanchor-cost@before"`` -> ``("reanchor-cost", "before")``; a clear error for an unknown name or label."""
+    base, _, label = method.partition("@")
+    if base not in BASE_METHODS:
+        raise ValueError(f"--methods: unknown method {base!r} in {method!r}; allowed: {', '.join(BASE_METHODS)} "
+                         "(each optionally @LABEL of a --tree)")
+    if label and label not in trees:
+        raise ValueError(f"--methods {method}: no --tree labelled {label!r} (labels: {', '.join(trees) or 'none'})")
+    return base, label or None
+
+
+def tree_env(label: str | None, trees: dict[str, Path]) -> dict[str, str]:
+    """The environment a server of ``METHOD@label`` adds: its tree first on ``PYTHONPATH`` (ahead of the
+    installed package, whose editable finder comes after ``sys.path``); nothing without a label."""
+    return {"PYTHONPATH": str(trees[label])} if label else {}
 
 
 def chat(question: str) -> str:
@@ -102,8 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=None, help="HF target folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", type=Path, default=None, help="z-lab drafter folder (default: the shipped one)")
     ap.add_argument("--methods", nargs="+", default=["plain", "chain", "reanchor", "reanchor-batch", "reanchor-cost"],
-                    choices=["plain", "plain-sync", "defaults",
-                             *(f"{m}{v}" for m in ("chain", "reanchor") for v in ("", "-batch", "-cost"))])
+                    help=f"any of {', '.join(BASE_METHODS)}, each optionally @LABEL of a --tree")
+    ap.add_argument("--tree", action="append", default=[], metavar="LABEL=SOURCE",
+                    help="a version of the package for methods written METHOD@LABEL: a folder holding "
+                    "sglang_reanchor/, or a git revision of this repository (exported with git archive)")
+    ap.add_argument("--baseline", default=None,
+                    help="the method the others' ratios and answers are compared with (default: plain, if run)")
     ap.add_argument("--reanchor-config", default='{"policy": "offset", "offsets": [1, 2, 3], '
                     '"node_budget": 8, "max_depth": 3}', help="SGLANG_REANCHOR_CONFIG of 'reanchor'")
     ap.add_argument("--chain-config", default='{"offsets": [], "max_depth": 6}',
@@ -125,7 +192,17 @@ def main(argv: list[str] | None = None) -> int:
                     "methods alike; figures are the medians (default 0: one server at a time)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    costed = [m for m in args.methods if m.endswith("-cost")]
+    if len(set(args.methods)) != len(args.methods):
+        ap.error(f"--methods names a method twice: {args.methods}")
+    scratch = tempfile.TemporaryDirectory(prefix="load_bench_trees_")  # removed when the run ends
+    try:
+        trees = parse_trees(args.tree, HERE.parent, Path(scratch.name))
+        bases = {m: split_method(m, trees) for m in args.methods}
+    except ValueError as e:
+        ap.error(str(e))
+    if args.baseline is not None and args.baseline not in args.methods:
+        ap.error(f"--baseline {args.baseline} is not one of --methods ({', '.join(args.methods)})")
+    costed = [m for m in args.methods if bases[m][0].endswith("-cost")]
     if costed and args.cost_profile is None:
         ap.error(f"--cost-profile is required for the methods {', '.join(costed)} (a `python -m sglang_reanchor.bench "
                  "cost` profile measured on this machine); or leave them out of --methods")
@@ -147,24 +224,30 @@ def main(argv: list[str] | None = None) -> int:
             envs[f"{name}-cost"] = {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}
     os.environ.pop("SGLANG_REANCHOR_COST_PROFILE", None)  # 'defaults' serves what the plugin chooses, nothing set
     os.environ.pop("SGLANG_REANCHOR_PACK_LINEARS", None)
-    if args.pack_linears:  # for every method alike, so the ratios compare like with like
-        envs = {m: {**envs.get(m, {}), "SGLANG_REANCHOR_PACK_LINEARS": "1"} for m in args.methods}
+    method_envs = {m: {**envs.get(base, {}), **tree_env(label, trees),
+                       # for every method alike, so the ratios compare like with like
+                       **({"SGLANG_REANCHOR_PACK_LINEARS": "1"} if args.pack_linears else {})}
+                   for m, (base, label) in bases.items()}
     server_args = ["--dtype", args.dtype, "--max-total-tokens", "16384", "--max-running-requests", "16",
                    "--mem-fraction-static", "0.5"]
     report: dict = {"meta": {"target": str(target), "drafter": str(drafter), "max_new_tokens": args.max_new_tokens,
                              "requests": args.requests, "dtype": args.dtype, "command": " ".join(sys.argv),
                              "configs": configs, "cost_profile": str(args.cost_profile),
-                             "packed_linears": args.pack_linears}, "runs": {}}
+                             "packed_linears": args.pack_linears,
+                             "trees": {label: spec.partition("=")[2] for label, spec in zip(trees, args.tree)},
+                             "baseline": args.baseline or ("plain" if "plain" in args.methods else None)},
+              "runs": {}}
     if args.interleave:  # idle servers wait on their sockets instead of polling them
         server_args += ["--sleep-on-idle"]
         report["meta"]["interleave"] = args.interleave
 
     def server(stack: ExitStack, root: Path, method: str) -> str:
-        algorithm = None if method.startswith("plain") else "REANCHOR"
-        sync = ["--disable-overlap-schedule"] if method == "plain-sync" else []
+        base = bases[method][0]
+        algorithm = None if base.startswith("plain") else "REANCHOR"
+        sync = ["--disable-overlap-schedule"] if base == "plain-sync" else []
         print(f"== {method}: starting the server", flush=True)
-        url = stack.enter_context(launch(root, algorithm, configs[method], extra_args=server_args + sync,
-                                         timeout=1200, extra_env=envs.get(method)))
+        url = stack.enter_context(launch(root, algorithm, configs[base], extra_args=server_args + sync,
+                                         timeout=1200, extra_env=method_envs[method]))
         run_level(url, 1, 2, 8)  # warm-up
         return url
 
@@ -223,7 +306,9 @@ def ratio_to(level: dict, base: dict) -> str:
 def markdown(report: dict) -> str:
     runs = report["runs"]
     methods = list(runs)
-    base = runs.get("plain")
+    baseline = report["meta"].get("baseline", "plain")
+    base = runs.get(baseline) if baseline else None
+    trees = report["meta"].get("trees") or {}
     lines = ["# REANCHOR under load (CPU)", "",
              f"Target `{report['meta']['target']}`, drafter `{report['meta']['drafter']}`, {report['meta']['dtype']}, "
              f"{report['meta']['requests']} requests per level (or c), {report['meta']['max_new_tokens']} new tokens "
@@ -233,14 +318,17 @@ def markdown(report: dict) -> str:
                 if report["meta"].get("interleave") else "one server at a time")
              + ("; every server with float32 linears packed for oneDNN" if report["meta"].get("packed_linears") else "")
              + ".", "",
-             "Configs: " + ", ".join(f"`{m}` = `{c}`" for m, c in report["meta"]["configs"].items() if m in runs), "",
-             "## Output tokens/s (x plain)", "", "| concurrency | " + " | ".join(methods) + " |",
+             "Configs: " + ", ".join(f"`{m}` = `{c}`" for m, c in report["meta"]["configs"].items()
+                                     if m in {r.partition("@")[0] for r in runs}), "",
+             *([("Code versions: " + ", ".join(f"`@{label}` = `{source}`" for label, source in trees.items())), ""]
+               if trees else []),
+             f"## Output tokens/s (x {baseline})", "", "| concurrency | " + " | ".join(methods) + " |",
              "|---" * (len(methods) + 1) + "|"]
     for i, level in enumerate(runs[methods[0]]):
         cells = []
         for m in methods:
             cell = f"{runs[m][i]['tokens_per_s']:.1f}"
-            if base and m != "plain":
+            if base and m != baseline:
                 cell += f" ({ratio_to(runs[m][i], base[i])})"
             cells.append(cell)
         lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + " |")
@@ -250,9 +338,9 @@ def markdown(report: dict) -> str:
         lines.append(f"| {level['concurrency']} | " + " | ".join(
             f"{runs[m][i]['requests_per_s']:.2f} / {runs[m][i]['mean_latency_s']:.1f}" for m in methods) + " |")
     if base:
-        lines += ["", "## Answers equal to plain SGLang's (T = 0)", "", "| method | equal / all |", "|---|---|"]
+        lines += ["", f"## Answers equal to {baseline}'s (T = 0)", "", "| method | equal / all |", "|---|---|"]
         for m in methods:
-            if m == "plain":
+            if m == baseline:
                 continue
             pairs = [(a, runs[m][i]["answers"][k]) for i, lv in enumerate(base) for k, a in lv["answers"].items()]
             lines.append(f"| {m} | {sum(a == b for a, b in pairs)} / {len(pairs)} |")

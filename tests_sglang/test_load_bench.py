@@ -1,4 +1,5 @@
-"""`scripts/load_bench.py`'s interleaved figures: repeats merged, ratios from neighbouring measurements.
+"""`scripts/load_bench.py`'s interleaved figures (repeats merged, ratios from neighbouring measurements) and its
+code versions (``--tree``: what a server of ``METHOD@LABEL`` imports).
 
 The servers themselves are exercised by the serving tests (`http_server.launch`); a full run is a
 benchmark (`results/*/load_*`), not a test.
@@ -6,6 +7,8 @@ benchmark (`results/*/load_*`), not a test.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,3 +61,51 @@ def test_the_report_names_how_it_was_measured(interleave):
     row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
     assert "(1.20x" in row and ("[1.20-1.20]" in row) == bool(interleave)
     assert "| chain-cost | 2 / 2 |" in text  # one answer per level, equal to plain's
+
+
+def test_a_tree_from_a_git_revision_is_what_its_servers_import(tmp_path):
+    """``--tree old=HEAD`` exports HEAD's package; a process with the method's environment imports that copy
+    (and its SGLang plugin entry point resolves there), not the installed one."""
+    repo = Path(load_bench.HERE).parent
+    if subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    trees = load_bench.parse_trees(["old=HEAD", f"here={repo}"], repo, tmp_path)
+    assert trees == {"old": tmp_path / "old", "here": repo.resolve()}
+    assert (tmp_path / "old" / "sglang_reanchor" / "srt" / "plugin.py").is_file()
+    assert not (tmp_path / "old" / "results").exists()
+    assert load_bench.split_method("reanchor-cost@old", trees) == ("reanchor-cost", "old")
+    assert load_bench.split_method("plain", trees) == ("plain", None) and load_bench.tree_env(None, trees) == {}
+    probe = ("import sys, sglang_reanchor, importlib.metadata as md; print(sglang_reanchor.__file__); "
+             "[e.load() for e in md.entry_points(group='sglang.srt.plugins') if e.name == 'reanchor']; "
+             "print(sys.modules['sglang_reanchor.srt.plugin'].__file__)")
+    env = {**os.environ, **load_bench.tree_env("old", trees)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.splitlines()
+    assert out == [str(tmp_path / "old" / "sglang_reanchor" / "__init__.py"),
+                   str(tmp_path / "old" / "sglang_reanchor" / "srt" / "plugin.py")]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("old", "LABEL=SOURCE"), ("1x=HEAD", "LABEL=SOURCE"), ("old=no-such-revision-xyz", "neither a folder"),
+])
+def test_a_bad_tree_is_named_in_the_error(tmp_path, spec, message):
+    with pytest.raises(ValueError, match=message):
+        load_bench.parse_trees([spec], Path(load_bench.HERE).parent, tmp_path)
+    with pytest.raises(ValueError, match="holds no sglang_reanchor"):
+        load_bench.parse_trees([f"x={tmp_path}"], Path(load_bench.HERE).parent, tmp_path)
+    with pytest.raises(ValueError, match="unknown method 'reanchr'"):
+        load_bench.split_method("reanchr@x", {})
+    with pytest.raises(ValueError, match="no --tree labelled 'new'"):
+        load_bench.split_method("reanchor@new", {"old": tmp_path})
+
+
+def test_a_code_ab_report_compares_with_its_baseline():
+    answers = {"0": [1, 2]}
+    runs = {"reanchor-cost@before": [_level(10.0, answers, 1)], "reanchor-cost@after": [_level(11.0, answers, 1)]}
+    meta = {"target": "t", "drafter": "d", "max_new_tokens": 32, "requests": 8, "dtype": "float32",
+            "command": "load_bench.py ...", "configs": {"plain": None, "reanchor-cost": "{}"}, "interleave": 0,
+            "trees": {"before": "HEAD~1", "after": "."}, "baseline": "reanchor-cost@before"}
+    text = load_bench.markdown({"meta": meta, "runs": runs})
+    assert "## Output tokens/s (x reanchor-cost@before)" in text and "11.0 (1.10x)" in text
+    assert "`@before` = `HEAD~1`" in text and "`reanchor-cost` = `{}`" in text and "`plain`" not in text
+    assert "| reanchor-cost@after | 1 / 1 |" in text
