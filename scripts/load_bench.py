@@ -314,7 +314,7 @@ def markdown(report: dict) -> str:
              f"{report['meta']['requests']} requests per level (or c), {report['meta']['max_new_tokens']} new tokens "
              "each (greedy, ignore_eos), closed-loop clients; "
              + (f"every server up, each level measured {report['meta']['interleave']} times, every method in turn "
-                "(medians; x plain: the median of each repeat's ratio, its range in brackets)"
+                f"(medians; x {baseline}: the median of each repeat's ratio, its range in brackets)"
                 if report["meta"].get("interleave") else "one server at a time")
              + ("; every server with float32 linears packed for oneDNN" if report["meta"].get("packed_linears") else "")
              + ".", "",

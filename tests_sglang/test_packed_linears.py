@@ -12,6 +12,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from test_serving_cpu import PROMPTS, ROUNDS, pair, serve  # noqa: F401  (pair: a fixture)
 
 from sglang_reanchor import SpeculativeGenerator
+from sglang_reanchor.drafter.draft_vocab import DraftVocabHead
 from sglang_reanchor.engine.packed_linear import MAX_ROWS, packing_available
 from sglang_reanchor.srt import packed_linears, seam
 from sglang_reanchor.srt.settings import parse_config
@@ -55,6 +56,27 @@ def test_other_dtypes_keep_sglangs_path_and_an_updated_weight_is_packed_again():
     torch.testing.assert_close(got, method.apply(layer, x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS, MAX_ROWS + 1])
+def test_the_draft_vocabulary_head_packs_like_the_lm_head(rows):
+    """The worker's draft-vocabulary logits on a packing server: the packed kernel on the head's
+    own rows (its bias too), SGLang's path (None) past `MAX_ROWS`. The worker builds the head in
+    ``inference_mode`` (its rows are inference tensors, which have no version counter)."""
+    gen = torch.Generator().manual_seed(2)
+    lm_head = torch.nn.Linear(48, 100, bias=True)
+    x = torch.randn(rows, 48, generator=gen)
+    with torch.inference_mode():
+        head = DraftVocabHead(lm_head, torch.randperm(100, generator=gen)[:40])
+        got = packed_linears.packed_linear_or_none(head, head.weight, x, head.bias)
+        again = packed_linears.packed_linear_or_none(head, head.weight, x, head.bias)  # the packed copy kept
+    if rows > MAX_ROWS:
+        assert got is None
+    else:
+        assert got is not None
+        assert again is not None and torch.equal(got, again)
+        torch.testing.assert_close(got, head(x), rtol=1e-5, atol=1e-5)
+        assert torch.equal(head.token_ids[got.argmax(-1)], head.token_ids[head(x).argmax(-1)])
+
+
 def test_a_weight_made_in_inference_mode_is_packed_once():
     """Inference tensors have no version counter: such a weight is keyed without one, packed at
     its first use and reused after (the kernel's answer is SGLang's)."""
@@ -85,7 +107,7 @@ def test_the_hooks_are_installed_only_when_asked(monkeypatch):
 
 def test_a_served_pair_with_packed_linears_gives_the_reference_tokens(pair, tmp_path):  # noqa: F811
     """The hooks in every process of a REANCHOR engine (its log says so); tokens equal the unpacked
-    reference engine's on this pair, with a draft vocabulary and branching."""
+    reference engine's on this pair, with the draft-vocabulary head (packed too) and branching."""
     root, target, drafter = pair
     config = '{"policy": "offset", "branch_width": 2, "branch_rows": 4, "draft_vocab": 48}'
     got = serve(root, "REANCHOR", ROUNDS[:2], config, None,

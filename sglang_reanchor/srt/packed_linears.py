@@ -25,7 +25,7 @@ import torch
 
 from ..engine.packed_linear import MAX_ROWS, packing_available
 
-__all__ = ["PACK_LINEARS_ENV", "packing_requested", "packs_linears_here"]
+__all__ = ["PACK_LINEARS_ENV", "packed_linear_or_none", "packing_requested", "packs_linears_here"]
 
 PACK_LINEARS_ENV = "SGLANG_REANCHOR_PACK_LINEARS"
 
@@ -55,8 +55,8 @@ def _packed_weight(owner: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor
     """``weight`` packed for oneDNN, made at first use and kept on ``owner``; None where it does not apply."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
-    # an inference tensor (a weight made under inference_mode) has no version counter, and
-    # nothing rewrites one outside inference_mode
+    # an inference tensor (made under inference_mode: the worker's draft-vocabulary head) has no
+    # version counter, and nothing rewrites one outside inference_mode
     key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version, tuple(weight.shape))
     cached = owner.__dict__.get("_reanchor_packed")
     if cached is None or cached[0] != key:
@@ -66,8 +66,8 @@ def _packed_weight(owner: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor
     return cached[1]
 
 
-def _packed_or_none(owner: torch.nn.Module, weight: torch.Tensor, x: torch.Tensor,
-                    bias: torch.Tensor | None) -> torch.Tensor | None:
+def packed_linear_or_none(owner: torch.nn.Module, weight: torch.Tensor, x: torch.Tensor,
+                          bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x @ weight.T + bias`` with the packed weight, or None (SGLang's own path runs)."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() < 1:
         return None
@@ -87,7 +87,7 @@ def _packed_apply(original: Any, method: Any, layer: torch.nn.Module, x: torch.T
     from sglang.srt.utils.common import use_intel_amx_backend
 
     if not use_intel_amx_backend(layer):
-        out = _packed_or_none(layer, cast(torch.Tensor, layer.weight), x, bias)
+        out = packed_linear_or_none(layer, cast(torch.Tensor, layer.weight), x, bias)
         if out is not None:
             return out
     return original(method, layer, x, bias)
@@ -105,7 +105,7 @@ def _packed_lm_head(original: Any, processor: Any, hidden_states: torch.Tensor, 
              and getattr(processor, "rl_on_policy_target", None) is None
              and hasattr(lm_head, "weight"))
     if plain:
-        out = _packed_or_none(lm_head, lm_head.weight, hidden_states, None)
+        out = packed_linear_or_none(lm_head, lm_head.weight, hidden_states, None)
         if out is not None:
             return out
     return original(processor, hidden_states, lm_head, embedding_bias, **kwargs)

@@ -74,6 +74,7 @@ from .cpu_compat import needs_cpu_hooks
 from .layout import cap_tree, draft_window, verify_inputs
 from .node_sampling import adjust_node_logits, node_picks
 from .outputs import attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
+from .packed_linears import packed_linear_or_none, packs_linears_here
 from .request_checks import mark_active
 from .settings import COST_PROFILE_ENV, load_config, serving_widths
 from .spec import draft_query_width, is_dspark_config
@@ -171,6 +172,7 @@ class ReAnchorWorker(DFlashWorkerV2):
             raise ValueError(f"REANCHOR with a {family} drafter: draft_vocab and branch_width are not served "
                              f"({family}'s rollout corrects drafts over the whole vocabulary, slot after slot)")
         self._draft_vocab_head: DraftVocabHead | None = None  # built at the first draft (the LM head exists then)
+        self._pack_linears = packs_linears_here()  # the draft-vocabulary head packed like the models' linears
         self._batch_budget = self._load_batch_budget()
         # the budget learns this server's own round times where they are host wall time (CPU) and
         # the same for every rank (one rank): on a GPU the timer would need a sync per round
@@ -441,8 +443,6 @@ class ReAnchorWorker(DFlashWorkerV2):
         if profile.dtype and profile.dtype != served:
             logger.warning("REANCHOR: cost profile %s was measured in %s, the server runs %s", path,
                            profile.dtype, served)
-        from .packed_linears import packs_linears_here
-
         packed = packs_linears_here()
         if profile.packed_linears != packed:
             logger.warning("REANCHOR: cost profile %s was measured with %s linears, the server runs %s ones "
@@ -570,7 +570,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         """The drafter's logits for branching (``hidden [bs, n, H]`` -> ``[bs, n, V']``): over the draft
         vocabulary, or over the target's real vocabulary (an SGLang head pads its rows)."""
         if self._draft_vocab_head is not None:
-            return self._draft_vocab_head(hidden.to(self._draft_vocab_head.weight.dtype))
+            return self._draft_vocab_logits(hidden)
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         return torch.nn.functional.linear(hidden.to(lm_head.weight.dtype), lm_head.weight[:vocab])
 
@@ -625,8 +625,16 @@ class ReAnchorWorker(DFlashWorkerV2):
             return self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=lm_head)
         if self._draft_vocab_head is None:
             self._draft_vocab_head = DraftVocabHead(lm_head, self._draft_vocab)
+        return self._draft_vocab_head.token_ids[self._draft_vocab_logits(hidden).argmax(-1)]
+
+    def _draft_vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft-vocabulary head on ``hidden [.., H]`` -> ``[.., K]``: through oneDNN's packed
+        kernel where this server packs its linears (`packed_linears`), as the LM head would run."""
         head = self._draft_vocab_head
-        return head.token_ids[head(hidden.to(head.weight.dtype)).argmax(-1)]
+        assert head is not None
+        x = hidden.to(head.weight.dtype)
+        packed = packed_linear_or_none(head, head.weight, x, head.bias) if self._pack_linears else None
+        return head(x) if packed is None else packed
 
     def _load_draft_vocab(self, server_args: Any) -> torch.Tensor | None:
         """``draft_vocab``: the ``K`` most frequent tokens of the drafter folder's ranking, or None."""
