@@ -314,7 +314,8 @@ def markdown(report: dict) -> str:
              f"{report['meta']['requests']} requests per level (or c), {report['meta']['max_new_tokens']} new tokens "
              "each (greedy, ignore_eos), closed-loop clients; "
              + (f"every server up, each level measured {report['meta']['interleave']} times, every method in turn "
-                f"(medians; x {baseline}: the median of each repeat's ratio, its range in brackets)"
+                "(medians" + (f"; x {baseline}: the median of each repeat's ratio, its range in brackets)" if base
+                              else ")")
                 if report["meta"].get("interleave") else "one server at a time")
              + ("; every server with float32 linears packed for oneDNN" if report["meta"].get("packed_linears") else "")
              + ".", "",
@@ -322,7 +323,7 @@ def markdown(report: dict) -> str:
                                      if m in {r.partition("@")[0] for r in runs}), "",
              *([("Code versions: " + ", ".join(f"`@{label}` = `{source}`" for label, source in trees.items())), ""]
                if trees else []),
-             f"## Output tokens/s (x {baseline})", "", "| concurrency | " + " | ".join(methods) + " |",
+             "## Output tokens/s" + (f" (x {baseline})" if base else ""), "", "| concurrency | " + " | ".join(methods) + " |",
              "|---" * (len(methods) + 1) + "|"]
     for i, level in enumerate(runs[methods[0]]):
         cells = []

@@ -109,3 +109,13 @@ def test_a_code_ab_report_compares_with_its_baseline():
     assert "## Output tokens/s (x reanchor-cost@before)" in text and "11.0 (1.10x)" in text
     assert "`@before` = `HEAD~1`" in text and "`reanchor-cost` = `{}`" in text and "`plain`" not in text
     assert "| reanchor-cost@after | 1 / 1 |" in text
+
+
+def test_a_report_without_a_baseline_gives_figures_alone():
+    runs = {"chain-cost": [_level(12.0, {"0": [1]}, 1)], "reanchor-cost": [_level(13.0, {"0": [1]}, 1)]}
+    meta = {"target": "t", "drafter": "d", "max_new_tokens": 32, "requests": 8, "dtype": "float32",
+            "command": "load_bench.py ...", "configs": {"chain-cost": "{}", "reanchor-cost": "{}"}, "interleave": 2,
+            "baseline": None}
+    text = load_bench.markdown({"meta": meta, "runs": runs})
+    assert "## Output tokens/s\n" in text and "| 1 | 12.0 | 13.0 |" in text
+    assert " x " not in text and "Answers equal" not in text
