@@ -39,6 +39,9 @@ it (its server's ``PYTHONPATH`` is that folder), so one run measures two version
 
 With ``--interleave`` the two versions' servers are up together and measured in turn, so the
 ratios compare neighbouring measurements: the way to see a change of a few percent on a drifting host.
+
+``--trace``: every REANCHOR server writes its rounds (budget, tokens, wall time, what the cost budget
+expected) to ``OUT/trace_METHOD.jsonl``; ``scripts/budget_trace.py`` sets expected beside delivered.
 """
 
 from __future__ import annotations
@@ -133,6 +136,11 @@ def tree_env(label: str | None, trees: dict[str, Path]) -> dict[str, str]:
     return {"PYTHONPATH": str(trees[label])} if label else {}
 
 
+def trace_path(out: Path, method: str) -> Path:
+    """Where ``--trace`` has ``method``'s server write its rounds (plain servers write none)."""
+    return (out / f"trace_{method.replace('@', '_')}.jsonl").resolve()
+
+
 def chat(question: str) -> str:
     return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -190,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep every method's server up (idle ones sleep) and measure each level R times, "
                     "every method in turn, the order rotated each repeat: the machine's drift falls on all "
                     "methods alike; figures are the medians (default 0: one server at a time)")
+    ap.add_argument("--trace", action="store_true",
+                    help="REANCHOR servers write $SGLANG_REANCHOR_TRACE to OUT/trace_METHOD.jsonl (one line per "
+                         "request per round; read them with scripts/budget_trace.py)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if len(set(args.methods)) != len(args.methods):
@@ -224,10 +235,16 @@ def main(argv: list[str] | None = None) -> int:
             envs[f"{name}-cost"] = {"SGLANG_REANCHOR_COST_PROFILE": str(args.cost_profile.resolve())}
     os.environ.pop("SGLANG_REANCHOR_COST_PROFILE", None)  # 'defaults' serves what the plugin chooses, nothing set
     os.environ.pop("SGLANG_REANCHOR_PACK_LINEARS", None)
+    os.environ.pop("SGLANG_REANCHOR_TRACE", None)
     method_envs = {m: {**envs.get(base, {}), **tree_env(label, trees),
                        # for every method alike, so the ratios compare like with like
-                       **({"SGLANG_REANCHOR_PACK_LINEARS": "1"} if args.pack_linears else {})}
+                       **({"SGLANG_REANCHOR_PACK_LINEARS": "1"} if args.pack_linears else {}),
+                       **({"SGLANG_REANCHOR_TRACE": str(trace_path(args.out, m))} if args.trace else {})}
                    for m, (base, label) in bases.items()}
+    if args.trace:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for m in args.methods:
+            trace_path(args.out, m).unlink(missing_ok=True)  # the trace appends
     server_args = ["--dtype", args.dtype, "--max-total-tokens", "16384", "--max-running-requests", "16",
                    "--mem-fraction-static", "0.5"]
     report: dict = {"meta": {"target": str(target), "drafter": str(drafter), "max_new_tokens": args.max_new_tokens,

@@ -175,6 +175,7 @@ class BatchBudget:
     # (batch size, budget) -> measured / predicted seconds: serving's extra cost per round
     # (host work, the drafter's batch) differs with both
     correction: dict[tuple[int, int], float] = field(default_factory=dict)
+    warmed: set[tuple[int, int]] = field(default_factory=set)  # keys whose first (cold) round was seen
 
     def __post_init__(self) -> None:
         for name in ("verify_seconds", "draft_seconds"):
@@ -210,16 +211,27 @@ class BatchBudget:
     def record_seconds(self, bs: int, budget: int, seconds: float) -> None:
         """A round's measured wall time: the profile (measured outside the server, on one
         request's forward) misses what serving adds per round (scheduling, KV moves,
-        draft-KV writes, a batch's drafter forward), which weighs most on the cheapest rounds."""
+        draft-KV writes, a batch's drafter forward), which weighs most on the cheapest rounds.
+        The first round of each (batch size, budget) is not recorded: its new shapes allocate and
+        pick kernels (served on a CPU, a first 6-node round took 2.9x the profile's time, and that
+        one figure, never refreshed, kept the server from exploring trees ever again)."""
+        if (bs, budget) not in self.warmed:
+            self.warmed.add((bs, budget))
+            return
         ratio = seconds / self.predicted_seconds(bs, budget)
         old = self.correction.get((bs, budget))
         self.correction[(bs, budget)] = ratio if old is None else self.decay * old + (1 - self.decay) * ratio
 
+    def expected_rates(self, bs: int) -> dict[int, float]:
+        """Tokens/s a round of ``bs`` requests is expected to deliver, per budget with an estimate
+        (what `choose` compares; the trace records it beside what the round delivered)."""
+        return {b: bs * tau / self.round_seconds(bs, b) for b, tau in sorted(self.tau.items())}
+
     def choose(self, bs: int) -> int:
         """The per-request budget for the coming round of ``bs`` requests: the best expected
         tokens/s among the budgets with an estimate, or an exploration round (the class docstring)."""
-        best = max((b for b in self.candidates if b in self.tau),  # ties: the smaller
-                   key=lambda b: bs * self.tau[b] / self.round_seconds(bs, b))
+        rates = self.expected_rates(bs)
+        best = max(rates, key=rates.__getitem__)  # ties: the smaller (the keys are sorted)
         measured = max(self.verify_seconds)
         inside = [b for b in self.candidates if bs * b <= measured]
         if inside and inside[-1] not in self.tau:  # once: an estimate of every budget this batch could verify

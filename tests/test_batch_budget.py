@@ -30,6 +30,41 @@ def test_full_tree_alone_and_the_root_alone_in_a_big_batch():
     assert budget.round_seconds(32, 1) == pytest.approx(0.105)
 
 
+def test_expected_rates_are_what_the_choice_compares():
+    """The trace records `expected_rates` beside each round: they are the tokens/s `choose`
+    maximises, corrected by the round times `record_seconds` measured."""
+    budget = learnt({2: 1.5, 4: 1.8, 8: 2.0, 16: 2.1}, candidates=(2, 4, 8, 16))
+    for bs in (1, 2, 8):
+        rates = budget.expected_rates(bs)
+        assert set(rates) == {1, 2, 4, 8, 16}
+        assert rates[4] == pytest.approx(bs * 1.8 / budget.predicted_seconds(bs, 4))
+        assert budget.choose(bs) == max(rates, key=rates.__getitem__)
+    for _ in range(2):  # (the first round of each is a warm-up, not recorded)
+        budget.record_seconds(1, 8, 3 * budget.predicted_seconds(1, 8))  # the server's rounds of 8 run 3x slower,
+        budget.record_seconds(1, 4, budget.predicted_seconds(1, 4))  # its rounds of 4 as the profile says
+    assert budget.expected_rates(1)[8] == pytest.approx(2.0 / (3 * budget.predicted_seconds(1, 8)))
+    assert budget.choose(1) != 8
+
+
+def test_a_cold_first_round_does_not_stop_exploration():
+    """Served on a CPU: the server's first round (a 6-node tree, its drafts wrong) took 2.9x the
+    profile's time, as new shapes do; recorded, that one figure made every tree look too dear to
+    explore and the server verified the root alone for the rest of its life. Not recorded, the
+    next exploration rounds measure trees again."""
+    budget = BatchBudget(VERIFY, DRAFT, blocks_per_request=2, candidates=(2, 4, 6), decay=0.9)
+    assert budget.choose(1) == 6
+    budget.observe(torch.tensor([[0, -1, -1]]), budget=6)  # tau 1 at every budget
+    budget.record_seconds(1, 6, 2.9 * budget.predicted_seconds(1, 6))
+    chosen = []
+    for _ in range(24):
+        b = budget.choose(1)
+        chosen.append(b)
+        budget.observe(torch.tensor([[0, 1, -1]] if b > 1 else [[0, -1, -1]]), budget=b)  # trees take 2 now
+        budget.record_seconds(1, b, 0.75 * budget.predicted_seconds(1, b))
+    assert any(b > 1 for b in chosen[:8])  # explored within explore_every rounds ...
+    assert chosen[-1] > 1  # ... and, at tau 2 for 1.3x the time, chosen
+
+
 def test_a_drafter_that_is_never_right_gets_the_root_alone():
     budget = learnt({2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}, candidates=(2, 4, 8, 16))
     assert all(budget.choose(bs) == 1 for bs in (1, 4, 16))
@@ -100,12 +135,16 @@ def test_measured_round_times_correct_the_profile():
     measured at twice the predicted time make a tree worth it again for a request alone."""
     budget = learnt({2: 1.3, 4: 1.5, 8: 1.6, 16: 1.6}, candidates=(2, 4, 8, 16))
     assert budget.choose(1) == 1  # the profile alone: 1.6 / 0.090 < 1 / 0.050
+    budget.record_seconds(1, 1, 5.0)  # the first round of a shape is a warm-up: not recorded
+    budget.record_seconds(1, 8, 5.0)
+    assert budget.correction == {} and budget.choose(1) == 1
     budget.record_seconds(1, 1, 0.100)  # ... but the root alone takes 0.100 s here
     budget.record_seconds(1, 8, 0.108)  # and the 8-node round 0.108 (1.2x its prediction)
     assert budget.correction == {(1, 1): pytest.approx(2.0), (1, 8): pytest.approx(1.2)}
     assert budget.choose(1) == 8
     assert budget.round_seconds(1, 4) == pytest.approx(budget.predicted_seconds(1, 4) * 1.6)  # the mean
     assert budget.round_seconds(4, 8) == pytest.approx(budget.predicted_seconds(4, 8) * 1.2)  # this budget's
-    budget.record_seconds(4, 8, budget.predicted_seconds(4, 8) * 3.0)  # a batch of 4 pays more per node
+    for _ in range(2):
+        budget.record_seconds(4, 8, budget.predicted_seconds(4, 8) * 3.0)  # a batch of 4 pays more per node
     assert budget.round_seconds(4, 8) == pytest.approx(budget.predicted_seconds(4, 8) * 3.0)
     assert budget.round_seconds(1, 8) == pytest.approx(budget.predicted_seconds(1, 8) * 1.2)  # alone: as before

@@ -28,6 +28,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import budget_trace  # noqa: E402
 from factories import tiny_drafter, tiny_target, write_zlab_drafter  # noqa: E402
 
 from sglang_reanchor import SpeculativeGenerator  # noqa: E402
@@ -179,6 +181,15 @@ def test_cost_profile_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
     together = [r for r in rows if r["batch"] == 3]
     assert together and sum(r["nodes"] <= 2 for r in together) >= 0.7 * len(together)
     assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree
+    # the trace times each round and holds what the budget expected of every budget it knew
+    assert all(r["nodes"] <= r["budget"] and r["round_s"] > 0 and "1" in r["expected"] for r in rows)
+    chosen = [r for r in rows if r["expected"] and len(r["expected"]) > 1]
+    assert chosen and all(r["expected"][str(r["budget"])] > 0 for r in chosen if str(r["budget"]) in r["expected"])
+    rounds = budget_trace.read_rounds(trace)
+    assert len(rounds) < len(rows) and sum(r["tokens"] for r in rounds) == sum(r["tau"] for r in rows)
+    table = budget_trace.summarise(rounds)
+    assert {(t["batch"], t["budget"]) for t in table} == {(r["batch"], r["budget"]) for r in rows}
+    assert sum(t["rounds"] for t in table) == len(rounds) and all(t["delivered_tok_s"] > 0 for t in table)
 
 
 TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}  # SGLang binds TP rank r to core r

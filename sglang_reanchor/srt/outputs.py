@@ -10,7 +10,7 @@ gather of that node's row from the verify forward.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from sglang.srt.layers.logits_processor import SamplingMaskOutput, SamplingMaskStatus
@@ -25,8 +25,8 @@ from ..tree import DraftTree
 from ..verify import Acceptance
 from .node_sampling import emitted_support
 
-__all__ = ["attach_token_outputs", "emitted_hidden_states", "emitted_rows", "prefill_hidden_states",
-           "write_trace"]
+__all__ = ["RoundTiming", "attach_token_outputs", "emitted_hidden_states", "emitted_rows",
+           "prefill_hidden_states", "write_trace"]
 
 
 def emitted_rows(commit: CommitPlan) -> torch.Tensor:
@@ -112,9 +112,20 @@ def prefill_hidden_states(batch: Any, logits_output: Any) -> torch.Tensor | None
     return last
 
 
-def write_trace(path: str, batch: Any, tree: DraftTree, acc: Acceptance, suffix_lens: torch.Tensor) -> None:
-    """Append one JSON line per request to ``path``: this round's tree and acceptance
-    (``$SGLANG_REANCHOR_TRACE``; a debugging aid, it reads the device every round)."""
+class RoundTiming(NamedTuple):
+    """A traced round's budget and time (host wall time: on a GPU, up to the trace's own reads)."""
+
+    budget: int  # tree nodes per request it was allowed
+    start: float  # time.perf_counter() at its start (seconds; compare within one server only)
+    seconds: float  # from its start to the trace
+    expected: dict[int, float] | None  # the cost budget's tokens/s per budget when it chose, if it has one
+
+
+def write_trace(path: str, batch: Any, tree: DraftTree, acc: Acceptance, suffix_lens: torch.Tensor,
+                timing: RoundTiming) -> None:
+    """Append one JSON line per request to ``path``: this round's tree, acceptance and time
+    (``$SGLANG_REANCHOR_TRACE``; a debugging aid, it reads the device every round).
+    ``scripts/budget_trace.py`` sets what the budget expected beside what the rounds delivered."""
     path_rows = tree.source_row.gather(1, acc.accepted_nodes.clamp(min=0))
     on_path = acc.accepted_nodes >= 0
     with open(path, "a") as f:
@@ -128,4 +139,8 @@ def write_trace(path: str, batch: Any, tree: DraftTree, acc: Acceptance, suffix_
                 "rows_attached": int((tree.row_sites[b] >= 0).sum()),
                 "shifted_accepts": int(((path_rows[b] > 0) & on_path[b]).sum()),
                 "suffix_len": int(suffix_lens[b]),
+                "budget": timing.budget,
+                "round_start": timing.start,
+                "round_s": timing.seconds,
+                "expected": None if timing.expected is None else {str(k): v for k, v in timing.expected.items()},
             }) + "\n")

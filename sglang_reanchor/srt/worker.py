@@ -73,7 +73,7 @@ from .context_end import RoundRoom, check_reserved, reserved_columns, round_room
 from .cpu_compat import needs_cpu_hooks
 from .layout import cap_tree, draft_window, verify_inputs
 from .node_sampling import adjust_node_logits, node_picks
-from .outputs import attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
+from .outputs import RoundTiming, attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
 from .packed_linears import packed_linear_or_none, packs_linears_here
 from .request_checks import mark_active
 from .settings import COST_PROFILE_ENV, load_config, serving_widths
@@ -111,6 +111,7 @@ class _Round:
     suffix: SuffixBatch  # each request's rejected suffix
     budget: int  # tree nodes per request this round
     room: RoundRoom  # host: what the row's end leaves for the window and the tree
+    expected: dict[int, float] | None = None  # traced: the cost budget's tokens/s per budget at its choice
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,8 @@ class ReAnchorWorker(DFlashWorkerV2):
             emitted_hidden_states(verified.logits_output, commit, rnd.bs, verified.width)
             if batch.return_hidden_states else None)
         if self._trace_path:
-            write_trace(self._trace_path, batch, tree, acc, rnd.suffix.lengths)
+            write_trace(self._trace_path, batch, tree, acc, rnd.suffix.lengths,
+                        RoundTiming(rnd.budget, start, time.perf_counter() - start, rnd.expected))
         if self._time_rounds and self._batch_budget is not None:
             self._batch_budget.record_seconds(rnd.bs, rnd.budget, time.perf_counter() - start)
         return GenerationBatchResult(
@@ -267,12 +269,14 @@ class ReAnchorWorker(DFlashWorkerV2):
         suffix = self.suffixes.gather(slots, prefix)
         # near the row's end the window and the tree shrink to the columns left (context_end)
         budget = self._round_node_budget(bs)
+        expected = (self._batch_budget.expected_rates(bs)
+                    if self._trace_path and self._batch_budget is not None else None)
         room = round_room(seq_lens_cpu, row_width, self.widths.draft_columns, budget)
         # a short reservation fails here, before any write, not as a write into someone else's slots
         check_reserved(reserved_columns(batch.reqs, seq_lens_cpu), room.writes, batch.reqs)
         return _Round(bs=bs, slots=slots, prefix=prefix, seq_lens_cpu=seq_lens_cpu,
                       max_prefix=int(seq_lens_cpu.max()), prefix_sum=int(seq_lens_cpu.sum()),
-                      suffix=suffix, budget=budget, room=room)
+                      suffix=suffix, budget=budget, room=room, expected=expected)
 
     def _draft_tree(self, batch: Any, rnd: _Round) -> DraftTree:
         """The 1 + R blocks of every request in one drafter forward, merged into the tree."""
