@@ -19,6 +19,7 @@ to the trace's own device reads (which synchronise).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -32,7 +33,8 @@ def read_rounds(path: Path) -> list[dict[str, Any]]:
     ``round_start``; each round gets its ``batch``, ``budget``, ``tokens`` (every request's
     accepted length summed), ``round_s``, ``round_start`` and ``expected`` (or None)."""
     by_start: dict[float, dict[str, Any]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         row = json.loads(line)
@@ -95,7 +97,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", type=Path, help="a $SGLANG_REANCHOR_TRACE file")
+    ap.add_argument("trace", type=Path, help="a $SGLANG_REANCHOR_TRACE file (or it gzipped, .gz)")
     ap.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = ap.parse_args(argv)
     if not args.trace.is_file():
