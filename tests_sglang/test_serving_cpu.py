@@ -111,9 +111,10 @@ ROUNDS = [
      ('{"offsets": [], "max_depth": 2}', "dflash", "reanchor_sdpa"),
      ('{"policy": "offset", "draft_vocab": 32}', "reanchor", "reanchor_sdpa"),
      ('{"policy": "offset", "branch_width": 2, "branch_rows": 4, "draft_vocab": 48}', "reanchor", "reanchor_sdpa"),
-     ('{"offsets": [], "branch_width": 1, "branch_rows": 3, "branch_length": 3}', "reanchor", "reanchor_sdpa")],
+     ('{"offsets": [], "branch_width": 1, "branch_rows": 3, "branch_length": 3}', "reanchor", "reanchor_sdpa"),
+     ('{"policy": "offset", "offsets": [1, 2], "draft_slots": 4}', "reanchor", "reanchor_sdpa")],
     ids=["offset", "offset-triton", "default", "no-offsets-is-dflash", "no-offsets-is-dflash-triton",
-         "offset-max-depth", "dflash-max-depth", "draft-vocab", "branching", "branching-chain"],
+         "offset-max-depth", "dflash-max-depth", "draft-vocab", "branching", "branching-chain", "draft-slots"],
 )
 def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config, method, backend):
     """With no offsets the plugin drafts and verifies DFlash's chain: the oracle is the reference DFlash.
@@ -298,15 +299,19 @@ def test_a_dspark_drafter_serves_the_reference_engines_rounds(pair, tmp_path, ki
     assert max(max(t) for t in taus.values()) > 1  # drafts are accepted
 
 
-def test_a_dspark_server_refuses_what_its_rollout_cannot_serve(pair, tmp_path):
-    """Branching with a DSpark drafter: the scheduler refuses it at start-up, naming the fields."""
+@pytest.mark.parametrize("config,refusal", [('{"branch_width": 2}', "draft_vocab and branch_width are not served"),
+                                            ('{"draft_slots": 4}', "draft_slots is not served")],
+                         ids=["branching", "draft-slots"])
+def test_a_dspark_server_refuses_what_its_rollout_cannot_serve(pair, tmp_path, config, refusal):
+    """Branching or shortened blocks with a DSpark drafter: the scheduler refuses them at start-up,
+    naming the fields."""
     from factories import tiny_dspark_drafter
 
     root, target, _ = pair
     ds_root = pair_with_drafter(root, tmp_path / "dspark", tiny_dspark_drafter(target, block_size=8,
                                                                               target_layer_ids=[0, 2]))
-    with pytest.raises(AssertionError, match="draft_vocab and branch_width are not served"):
-        serve(ds_root, "REANCHOR", ROUNDS[:1], '{"branch_width": 2}', None)
+    with pytest.raises(AssertionError, match=refusal):
+        serve(ds_root, "REANCHOR", ROUNDS[:1], config, None)
 
 
 def test_a_cpu_server_without_settings_serves_the_drafter_folders_choice(pair, tmp_path):

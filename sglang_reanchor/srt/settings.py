@@ -42,7 +42,6 @@ __all__ = ["COST_PROFILE_ENV", "ENV_VAR", "ServedConfig", "ServingWidths", "conf
 ENV_VAR = "SGLANG_REANCHOR_CONFIG"
 COST_PROFILE_ENV = "SGLANG_REANCHOR_COST_PROFILE"  # a `bench cost` profile: the batch-aware node budget
 UNSERVED_FIELDS = {  # the reference engine's only, and why
-    "draft_slots": "the SGLang draft window runs whole blocks",
     "verify_threshold": "the SGLang worker verifies trees of a fixed width, so a cut row saves no verify work",
 }
 
@@ -55,7 +54,7 @@ def parse_config(text: str) -> ReAnchorConfig:
     >>> parse_config('{"ofsets": [1]}')
     Traceback (most recent call last):
     ...
-    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, branch_width, branch_rows, branch_length, branch_temperature, draft_vocab, max_requests, seed
+    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, draft_slots, branch_width, branch_rows, branch_length, branch_temperature, draft_vocab, max_requests, seed
     >>> parse_config('{"verify_threshold": 0.3}')  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -183,7 +182,8 @@ class ServingWidths:
     """Per-request token counts of one ReAnchor step inside SGLang.
 
     ``draft_queries`` query tokens run through the drafter (``1 + R`` blocks of
-    ``B``) after ``extra_rows`` rejected-suffix context rows; ``verify_nodes`` tree
+    ``B`` slots: the config's ``draft_slots``, else the drafter's block size) after
+    ``extra_rows`` rejected-suffix context rows; ``verify_nodes`` tree
     nodes run through the target. Both windows are written into the slots SGLang
     reserves ahead of each request's committed tokens. SGLang's rule for that
     (``allocation_sizing.get_alloc_len_per_decode``, page size 1, top-k 1): one
@@ -194,7 +194,7 @@ class ServingWidths:
     worker checks every round that the slots it writes are reserved.
     """
 
-    block_size: int  # B
+    block_size: int  # B: query slots per drafted block, anchor included
     num_rows: int  # 1 + R: the baseline block and one per offset
     extra_rows: int  # X = max(offsets)
     draft_queries: int  # (1 + R) * B
@@ -210,18 +210,26 @@ class ServingWidths:
 
 
 def serving_widths(config: ReAnchorConfig, block_size: int) -> ServingWidths:
-    """Widths for a drafter of block size ``block_size``.
+    """Widths for a drafter of block size ``block_size`` (each drafted block runs ``config.draft_slots``
+    of its slots, or all of them).
 
     >>> w = serving_widths(ReAnchorConfig(), 16)
     >>> w.draft_queries, w.extra_rows, w.verify_nodes, w.reserve_width, w.output_stride
     (64, 3, 48, 67, 32)
+    >>> w = serving_widths(ReAnchorConfig(offsets=(1,), node_budget=6, draft_slots=4), 16)
+    >>> w.block_size, w.draft_queries, w.reserve_width
+    (4, 8, 9)
     """
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")
+    if config.draft_slots is not None and config.draft_slots > block_size:
+        raise ValueError(f"ReAnchorConfig.draft_slots ({config.draft_slots}) exceeds the drafter's block_size "
+                         f"({block_size}); allowed: 2 .. {block_size}, or null for the whole block")
+    slots = config.draft_slots or block_size
     rows = 1 + len(config.offsets)
     extra = config.max_offset
-    queries = rows * block_size
+    queries = rows * slots
     nodes = config.node_budget
-    drafts = min(config.max_depth or block_size - 1, block_size - 1)
+    drafts = min(config.max_depth or slots - 1, slots - 1)
     stride = RoundCore.min_stride(config, drafts, max_nodes=nodes)
-    return ServingWidths(block_size, rows, extra, queries, nodes, max(nodes, extra + queries), stride)
+    return ServingWidths(slots, rows, extra, queries, nodes, max(nodes, extra + queries), stride)

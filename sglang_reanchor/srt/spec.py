@@ -198,7 +198,7 @@ def handle_server_args(server_args: Any) -> None:
         raise ValueError(
             f"REANCHOR: --speculative-num-draft-tokens {requested} is below the {widths.reserve_width} "
             f"this config needs (node_budget {widths.verify_nodes}; {widths.extra_rows} + {widths.draft_queries} "
-            f"draft tokens); leave it unset, or lower node_budget/offsets in ${ENV_VAR}"
+            f"draft tokens); leave it unset, or lower node_budget, offsets or draft_slots in ${ENV_VAR}"
         )
     if requested is None:
         server_args.speculative_num_draft_tokens = widths.reserve_width

@@ -146,8 +146,9 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._block_pos_offsets = build_block_pos_offsets(length=block, device=self.device)
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=block, device=self.device)
         self.reanchor = load_config()
-        self._num_drafts = min(self.reanchor.max_depth or block - 1, block - 1)  # drafts read per block
-        self.widths = serving_widths(self.reanchor, block)
+        self.widths = serving_widths(self.reanchor, block)  # its block_size: the draft_slots each block runs
+        slots = self.widths.block_size
+        self._num_drafts = min(self.reanchor.max_depth or slots - 1, slots - 1)  # drafts read per block
         reserved = int(get_spec().speculative_num_draft_tokens)  # what the launcher resolved (spec.py)
         if reserved < self.widths.reserve_width:  # the launcher resolved another config (settings.py)
             raise ValueError(f"REANCHOR: the launcher reserved {reserved} slots per step, this config needs "
@@ -168,10 +169,14 @@ class ReAnchorWorker(DFlashWorkerV2):
         # the trace: one line per request per round, written by TP rank 0 (every rank drafts the same tree)
         self._trace_path = os.environ.get(TRACE_ENV, "") if int(get_parallel().tp_rank) == 0 else ""
         self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
-        if (self._is_domino or self._is_dspark) and (self._draft_vocab is not None or self.reanchor.branch_width):
+        if self._is_domino or self._is_dspark:
             family = "Domino" if self._is_domino else "DSpark"
-            raise ValueError(f"REANCHOR with a {family} drafter: draft_vocab and branch_width are not served "
-                             f"({family}'s rollout corrects drafts over the whole vocabulary, slot after slot)")
+            if self._draft_vocab is not None or self.reanchor.branch_width:
+                raise ValueError(f"REANCHOR with a {family} drafter: draft_vocab and branch_width are not served "
+                                 f"({family}'s rollout corrects drafts over the whole vocabulary, slot after slot)")
+            if self.reanchor.draft_slots is not None:
+                raise ValueError(f"REANCHOR with a {family} drafter: draft_slots is not served (its head is built "
+                                 "for whole blocks); set it to null")
         self._draft_vocab_head: DraftVocabHead | None = None  # built at the first draft (the LM head exists then)
         self._pack_linears = packs_linears_here()  # the draft-vocabulary head packed like the models' linears
         self._batch_budget = self._load_batch_budget()
@@ -496,7 +501,7 @@ class ReAnchorWorker(DFlashWorkerV2):
                     suffix: SuffixBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter forward for ``bs'`` requests (all ``[bs']``-leading; ``seq_lens_cpu`` on the host):
         their blocks, and with branching the baseline block's slot logits (`_draft`)."""
-        bs, block = prefix.shape[0], self.block_size
+        bs, block = prefix.shape[0], self.widths.block_size  # draft_slots, or the drafter's whole block
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         translator = self.target_worker.model_runner.kv_index_translator
         extra = self.widths.extra_rows
