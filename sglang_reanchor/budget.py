@@ -142,7 +142,10 @@ class BatchBudget:
     the largest candidate whose batch stays inside the measured verify curve; then every
     ``explore_every``-th round the largest one whose round costs at most ``explore_cost``
     times the chosen one, so that a big batch that pays for the root alone is not made to
-    verify wide trees, again and again, to learn what it would not choose. Measured round
+    verify wide trees, again and again, to learn what it would not choose. An exploration
+    round whose own tokens/s fall short of what the chosen budget was expected to deliver
+    doubles that batch size's interval (up to ``max_explore_every``); one that beats it
+    restores ``explore_every``. Measured round
     times correct the profile per batch size and budget (`record_seconds`). The budget
     never changes which token is accepted.
 
@@ -160,6 +163,8 @@ class BatchBudget:
         Per-request budgets to choose from (1 is always added).
     explore_cost:
         Most an exploration round may cost, in rounds of the chosen budget (>= 1).
+    explore_every, max_explore_every:
+        Rounds between explorations at one batch size: at first, and at most after they back off.
     """
 
     verify_seconds: Mapping[int, float]
@@ -170,8 +175,12 @@ class BatchBudget:
     explore_every: int = 8
     explore_cost: float = 1.5
     decay: float = 0.9
+    max_explore_every: int = 64
     tau: dict[int, float] = field(default_factory=dict)
     rounds: int = 0
+    explore_gap: dict[int, int] = field(default_factory=dict)  # batch size -> rounds between its explorations
+    # batch size -> (the budget it explores this round, the tokens/s expected of the one it would have chosen)
+    probes: dict[int, tuple[int, float]] = field(default_factory=dict)
     # (batch size, budget) -> measured / predicted seconds: serving's extra cost per round
     # (host work, the drafter's batch) differs with both
     correction: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -190,6 +199,10 @@ class BatchBudget:
             raise ValueError(f"BatchBudget.decay must be in [0, 1), got {self.decay!r}")
         if not self.explore_cost >= 1.0:
             raise ValueError(f"BatchBudget.explore_cost must be >= 1, got {self.explore_cost!r}")
+        every, most = self.explore_every, self.max_explore_every
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (every, most)) or not 1 <= every <= most:
+            raise ValueError(f"BatchBudget.explore_every and max_explore_every must be ints with 1 <= explore_every "
+                             f"<= max_explore_every, got {every!r} and {most!r}")
         self.tau.setdefault(1, 1.0)  # the root alone: always the bonus token
 
     def predicted_seconds(self, bs: int, budget: int) -> float:
@@ -232,14 +245,16 @@ class BatchBudget:
         tokens/s among the budgets with an estimate, or an exploration round (the class docstring)."""
         rates = self.expected_rates(bs)
         best = max(rates, key=rates.__getitem__)  # ties: the smaller (the keys are sorted)
+        self.probes.pop(bs, None)  # an exploration chosen but never observed
         measured = max(self.verify_seconds)
         inside = [b for b in self.candidates if bs * b <= measured]
         if inside and inside[-1] not in self.tau:  # once: an estimate of every budget this batch could verify
             return inside[-1]
-        if self.rounds % self.explore_every == 0:  # then keep them fresh, at a bounded cost
+        if self.rounds % self.explore_gap.get(bs, self.explore_every) == 0:  # keep them fresh, at a bounded cost
             limit = self.explore_cost * self.round_seconds(bs, best)
             wider = [b for b in inside if b > best and self.round_seconds(bs, b) <= limit]
             if wider:
+                self.probes[bs] = (wider[-1], rates[best])
                 return wider[-1]
         return best
 
@@ -247,6 +262,8 @@ class BatchBudget:
         """Record a round: ``accepted_nodes`` ``[bs, T]`` (node ids of each accepted path,
         root included, -1 padded), verified with ``budget`` nodes per request."""
         self.rounds += 1
+        bs = accepted_nodes.shape[0]
+        probe = self.probes.pop(bs, None)  # this round explored (or one before it was never observed)
         on_path = accepted_nodes >= 0
         for b in self.candidates:
             if b > budget:
@@ -256,6 +273,10 @@ class BatchBudget:
             value = float((on_path & (accepted_nodes < b)).sum(1).float().mean())
             old = self.tau.get(b)
             self.tau[b] = value if old is None else self.decay * old + (1 - self.decay) * value
+            if probe is not None and probe[0] == b == budget:  # an exploration round: did it pay?
+                gap = self.explore_gap.get(bs, self.explore_every)
+                paid = bs * value / self.round_seconds(bs, b) > probe[1]
+                self.explore_gap[bs] = self.explore_every if paid else min(2 * gap, self.max_explore_every)
 
 
 @dataclass(frozen=True)

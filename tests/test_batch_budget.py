@@ -113,6 +113,35 @@ def test_exploration_costs_at_most_explore_cost_rounds():
         BatchBudget(VERIFY, DRAFT, blocks_per_request=1, explore_cost=0.5)
 
 
+def test_exploration_backs_off_while_it_loses_and_returns_when_it_pays():
+    """Served at two to sixteen clients, exploring a wide tree every 8th round cost ~2 % where the root
+    alone wins: an exploration round that delivers less than the chosen budget was expected to doubles
+    that batch size's interval, up to ``max_explore_every``; one that beats it restores ``explore_every``."""
+    budget = learnt({2: 1.1, 4: 1.2, 8: 1.3, 16: 1.3}, candidates=(2, 4, 8, 16), explore_cost=3.0, max_explore_every=32)
+    bs = 1
+
+    def run(rounds: int, accepted: int) -> list[int]:
+        chosen = []
+        for _ in range(rounds):
+            b = budget.choose(bs)
+            chosen.append(b)
+            path = [0] + list(range(1, accepted)) + [-1] * (4 - accepted)
+            budget.observe(torch.tensor([path] * bs), budget=b)
+        return chosen
+
+    losing = run(160, accepted=1)  # the drafts are never right: every exploration loses
+    explored = [i + 1 for i, b in enumerate(losing) if b > 1]  # rounds (1-based) that explored
+    assert set(losing[i - 1] for i in explored) == {16} and budget.choose(bs) == 1  # the root chosen
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert gaps[:3] == [8, 16, 32] and set(gaps[2:]) == {32}  # at rounds 8, 16, 32, 64, 96: doubling up to 32
+    assert budget.explore_gap == {bs: 32}  # per batch size
+    run(40, accepted=4)  # the text turns easy: the exploration of round 192 pays, and the interval is 8 again
+    assert budget.explore_gap[bs] == 8
+    assert run(16, accepted=4)[-1] > 1  # ... and trees are chosen
+    with pytest.raises(ValueError, match="max_explore_every"):
+        BatchBudget(VERIFY, DRAFT, blocks_per_request=1, explore_every=16, max_explore_every=8)
+
+
 @settings(max_examples=60, deadline=None)
 @given(taus=st.lists(st.floats(1.0, 4.0), min_size=4, max_size=4), bs=st.integers(1, 48))
 def test_the_choice_is_the_best_predicted_throughput(taus, bs):
