@@ -144,9 +144,8 @@ class BatchBudget:
     times the chosen one, so that a big batch that pays for the root alone is not made to
     verify wide trees, again and again, to learn what it would not choose. An exploration
     round whose tokens (over its expected time) fall short of what the chosen budget was
-    expected to deliver doubles that batch size's interval (up to ``max_explore_every``); one that beats it
-    restores ``explore_every``. Measured round
-    times correct the profile per batch size and budget (`record_seconds`). The budget
+    expected to deliver doubles that batch size's interval (up to ``max_explore_every``);
+    one that beats it restores ``explore_every``. Measured round times correct the profile per batch size and budget (`record_seconds`). The budget
     never changes which token is accepted.
 
     Parameters

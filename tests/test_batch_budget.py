@@ -114,9 +114,10 @@ def test_exploration_costs_at_most_explore_cost_rounds():
 
 
 def test_exploration_backs_off_while_it_loses_and_returns_when_it_pays():
-    """Served at two to sixteen clients, exploring a wide tree every 8th round cost ~2 % where the root
-    alone wins: an exploration round that delivers less than the chosen budget was expected to doubles
-    that batch size's interval, up to ``max_explore_every``; one that beats it restores ``explore_every``."""
+    """Where a tree round passes the cost bound and still loses, exploring it every 8th round costs up to
+    1.5x on one round in 8: an exploration round that delivers less than the chosen budget was expected
+    to doubles that batch size's interval, up to ``max_explore_every``; one that beats it restores
+    ``explore_every``."""
     budget = learnt({2: 1.1, 4: 1.2, 8: 1.3, 16: 1.3}, candidates=(2, 4, 8, 16), explore_cost=3.0, max_explore_every=32)
     bs = 1
 
