@@ -179,11 +179,25 @@ def _chat_stream(url: str, body: dict) -> tuple[str, list]:
     return text, logprobs
 
 
-def _same_logprobs(a: list, b: list, tol: float = 1e-4) -> bool:
-    return len(a) == len(b) and all(
-        x["token"] == y["token"] and abs(x["logprob"] - y["logprob"]) <= tol
-        and [t["token"] for t in x["top_logprobs"]] == [t["token"] for t in y["top_logprobs"]]
-        for x, y in zip(a, b))
+def _logprob_difference(a: list, b: list, tol: float = 1e-4) -> tuple | None:
+    """The first position whose token, logprob (within ``tol``) or top tokens differ, with both entries;
+    None when the lists agree. Top tokens agree in order, except two that tie within ``tol``: float32
+    forwards of different widths differ by ~1e-7 and can order such a tie either way (a CI run once failed
+    here with the visible values 2e-7 apart; the differing entry was not printed then, it is now)."""
+    if len(a) != len(b):
+        return ("lengths", len(a), len(b))
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x["token"] != y["token"] or abs(x["logprob"] - y["logprob"]) > tol \
+                or not _same_top(x["top_logprobs"], y["top_logprobs"], tol):
+            return (i, x, y)
+    return None
+
+
+def _same_top(x: list, y: list, tol: float) -> bool:
+    xs, ys = {t["token"]: t["logprob"] for t in x}, {t["token"]: t["logprob"] for t in y}
+    if len(x) != len(y) or xs.keys() != ys.keys() or any(abs(xs[k] - ys[k]) > tol for k in xs):
+        return False
+    return all(s["token"] == t["token"] or abs(s["logprob"] - t["logprob"]) <= tol for s, t in zip(x, y))
 
 
 def test_chat_completions_equal_plain_sglang(servers):
@@ -192,13 +206,13 @@ def test_chat_completions_equal_plain_sglang(servers):
     body = {"messages": messages, "max_tokens": 24, "logprobs": True, "top_logprobs": 2}
     want, got = _chat(plain, body), _chat(spec, body)
     assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
-    assert _same_logprobs(got["choices"][0]["logprobs"]["content"], want["choices"][0]["logprobs"]["content"])
+    assert _logprob_difference(got["choices"][0]["logprobs"]["content"], want["choices"][0]["logprobs"]["content"]) is None
     assert len(got["choices"][0]["logprobs"]["content"]) == got["usage"]["completion_tokens"]
 
     want_text, want_lp = _chat_stream(plain, body)
     got_text, got_lp = _chat_stream(spec, body)
     assert got_text == want_text == want["choices"][0]["message"]["content"]
-    assert _same_logprobs(got_lp, want_lp)
+    assert _logprob_difference(got_lp, want_lp) is None
 
     schema = {"messages": messages, "max_tokens": 48,
               "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}
