@@ -28,3 +28,10 @@ $PY -m sglang_reanchor.train prompts --out /work/runs/v7/pool_v3.jsonl
 bash results/2026-12-02_v7-recipe_v6-4dd68a761ab8/build_data.sh > /work/runs/v7/build.log 2>&1 &
 bash $OUT/run_v8.sh
 bash $OUT/evaluate_v8.sh
+
+# 4. The chain served at one client with v8, then with v7 (traced: tau per round).
+C='{"offsets":[],"max_depth":6,"draft_vocab":8192}'
+$SGL scripts/load_bench.py --drafter $OUT/v8_drafter --dtype bfloat16 --methods plain chain --chain-config "$C" \
+    --concurrency 1 --requests 32 --trace --out $OUT/load_c1_v8
+$SGL scripts/load_bench.py --dtype bfloat16 --methods chain --chain-config "$C" --concurrency 1 --requests 32 \
+    --trace --out $OUT/load_c1_v7_chain
