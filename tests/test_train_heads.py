@@ -15,7 +15,7 @@ from sglang_reanchor.drafter.draft_vocab import DraftVocabHead
 from sglang_reanchor.drafter.dspark import DSparkDrafter
 from sglang_reanchor.engine import SpeculativeGenerator
 from sglang_reanchor.train.acceptance import draft_blocks
-from sglang_reanchor.train.heads import with_domino_head, with_dspark_head
+from sglang_reanchor.train.heads import with_domino_head, with_dspark_head, with_head_of
 from sglang_reanchor.train.loss import IGNORE
 from sglang_reanchor.train.trainer import Trainer, TrainSettings, drafter_from_config, export
 
@@ -99,6 +99,60 @@ def test_teacher_forced_family_drafts_equal_their_rollout(kind, reduced, seed, c
     forced = draft_blocks(drafter, embed, head, ids, feats, anchors, vocab, labels=labels)
     assert torch.equal(forced[live][:, : cut + 1], free[live][:, : cut + 1])
     assert (forced[live][:, cut + 1:] == -1).all()  # not reached
+
+
+@pytest.mark.parametrize("kind", ["gated", "domino"])
+def test_a_trained_head_moves_onto_a_retrained_backbone(target, tmp_path, kind) -> None:
+    """`with_head_of` (`train add-head --head-from`): the head's tensors kept, every backbone
+    tensor the new backbone's; moving it back gives the original drafter; decoding with the
+    moved drafter is lossless and drafts what the new backbone alone does not."""
+    from sglang_reanchor.train.__main__ import main
+
+    old = tiny_drafter(target, block_size=B, target_layer_ids=[1, 2], seed=3)
+    headed = (with_domino_head(old, gru_hidden_dim=6, emb_dim=5, seed=1) if kind == "domino"
+              else with_dspark_head(old, markov_rank=4, markov_head_type=kind))
+    head = {k for k in headed.state_dict() if k not in old.state_dict()}
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # a head that is not zero (as if trained)
+        torch.manual_seed(5)
+        for name, p in headed.named_parameters():
+            if name in head:
+                p.normal_(0.0, 0.5)
+    retrained = tiny_drafter(target, block_size=B, target_layer_ids=[1, 2], seed=4)
+    retrained.vocab_ranking = torch.arange(3, 40).flip(0)
+    moved = with_head_of(headed, retrained)
+    assert type(moved) is type(headed) and moved.config_dict() == headed.config_dict()
+    assert moved.vocab_ranking is retrained.vocab_ranking
+    ours, theirs, before = moved.state_dict(), retrained.state_dict(), headed.state_dict()
+    assert set(ours) == set(before) and head
+    assert all(torch.equal(ours[k], before[k] if k in head else theirs[k]) for k in ours)
+    back = with_head_of(moved, old).state_dict()
+    assert all(torch.equal(back[k], v) for k, v in before.items())
+    prompt = [1, 5, 9, 4, 12, 7, 3]
+    expected = SpeculativeGenerator(target, retrained).generate(prompt, 24, method="target").tokens
+    out = SpeculativeGenerator(target, moved).generate(prompt, 24, method="dflash", trace=True)
+    base = SpeculativeGenerator(target, retrained).generate(prompt, 24, method="dflash", trace=True)
+    assert out.tokens == expected
+    assert any(not torch.equal(a.blocks, b.blocks) for a, b in zip(out.rounds, base.rounds))
+    # the command line: a folder that loads back as the moved drafter
+    headed.save_pretrained(tmp_path / "headed")
+    retrained.save_pretrained(tmp_path / "retrained")
+    main(["add-head", "--drafter", str(tmp_path / "retrained"), "--head-from", str(tmp_path / "headed"),
+          "--out", str(tmp_path / "out")])
+    loaded = DFlashDrafter.from_pretrained(tmp_path / "out", dtype=torch.float32).state_dict()
+    assert all(torch.equal(loaded[k].float(), v.float()) for k, v in ours.items())
+
+
+def test_with_head_of_refuses_what_it_cannot_move(target) -> None:
+    old = tiny_drafter(target, block_size=B, target_layer_ids=[1, 2], seed=3)
+    headed = with_dspark_head(old, markov_rank=4)
+    with pytest.raises(ValueError, match="trains a DSpark or Domino drafter's head"):
+        with_head_of(old, old)  # a DFlash drafter has no head to move
+    with pytest.raises(ValueError, match="with_head_of takes a DFlash drafter"):
+        with_head_of(headed, headed)
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        with_head_of(headed, tiny_drafter(target, block_size=B, target_layer_ids=[0, 2], seed=3))
+    with pytest.raises(ValueError, match="block_size"):
+        with_head_of(headed, tiny_drafter(target, block_size=B + 2, target_layer_ids=[1, 2], seed=3))
 
 
 @pytest.mark.parametrize("family", ["dspark", "domino"])

@@ -229,11 +229,27 @@ def _cmd_draft_vocab(args: argparse.Namespace) -> None:
           f"share of response tokens covered by the top K: {share}")
 
 
+def _copy_training_sidecar(backbone: str, out: str) -> None:
+    sidecar = Path(backbone) / "training.json"  # the backbone's training, so `fit` keeps counting
+    if sidecar.exists():
+        (Path(out) / "training.json").write_text(sidecar.read_text())
+
+
 def _cmd_add_head(args: argparse.Namespace) -> None:
     from ..drafter import DFlashDrafter
-    from .heads import with_domino_head, with_dspark_head
+    from .heads import with_domino_head, with_dspark_head, with_head_of
 
     drafter = DFlashDrafter.from_pretrained(args.drafter)
+    if args.head_from:  # a trained head carried over: its family and shape are the folder's
+        try:
+            new = with_head_of(DFlashDrafter.from_pretrained(args.head_from), drafter)
+        except ValueError as e:
+            raise SystemExit(f"add-head --head-from {args.head_from}: {e}") from None
+        new.save_pretrained(args.out)
+        _copy_training_sidecar(args.drafter, args.out)
+        print(f"{args.out}: the {new.family_name} head of {args.head_from} on the backbone of {args.drafter}. "
+              f"Adapt it with `fit --init-from {args.out} --head-only`")
+        return
     if args.family == "dspark":
         new = with_dspark_head(drafter, args.markov_rank, args.markov_head_type, seed=args.seed)
         what = f"DSpark drafter ({args.markov_head_type} Markov head, rank {args.markov_rank}, gamma {new.gamma}"
@@ -241,9 +257,7 @@ def _cmd_add_head(args: argparse.Namespace) -> None:
         new = with_domino_head(drafter, args.gru_hidden_dim, args.emb_dim, seed=args.seed)
         what = f"Domino drafter (GRU correction head, gru_hidden_dim {args.gru_hidden_dim}, emb_dim {args.emb_dim}"
     new.save_pretrained(args.out)
-    sidecar = Path(args.drafter) / "training.json"  # the backbone's training, so `fit` keeps counting
-    if sidecar.exists():
-        (Path(args.out) / "training.json").write_text(sidecar.read_text())
+    _copy_training_sidecar(args.drafter, args.out)
     print(f"{args.out}: {what}, DFlash's query layout) on the backbone of {args.drafter}; its correction starts "
           f"at zero. Train the head with `fit --init-from {args.out} --head-only`")
 
@@ -433,6 +447,9 @@ def main(argv: list[str] | None = None) -> None:
     h.add_argument("--emb-dim", type=int, default=64, help="Domino: embed_proj's inner width (embed_proj.2 is "
                    "[vocab, emb_dim], most of the head's size)")
     h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--head-from", default=None, metavar="DIR", help="a trained DSpark or Domino folder: carry its "
+                   "head onto --drafter's backbone (same shape) instead of a new one; its family and head shape "
+                   "are the folder's (the options above are not used)")
     h.set_defaults(func=_cmd_add_head)
 
     t = sub.add_parser("validate", help="teacher-forced block acceptance of drafter folders on held-out "

@@ -15,7 +15,8 @@ trained and kept frozen. `with_dspark_head` / `with_domino_head` turn a DFlash d
 into one of the family with the same backbone, in DFlash's query layout (slot ``k``
 predicts ``x[a + k]``, as the backbone was trained), and a head whose output weight
 starts at exactly zero (``markov_w2 = 0``, ``embed_proj.2 = 0``): before its first step
-it drafts the backbone's tokens. `teacher_forced_bias` is the head teacher-forced: the
+it drafts the backbone's tokens. `with_head_of` carries a trained head onto a retrained
+backbone of the same shape (a short head-only run there adapts it). `teacher_forced_bias` is the head teacher-forced: the
 previous tokens at slot ``k`` are the true ``x[a + 1 .. a + k - 1]`` (after the
 anchor). That is exact for what decoding measures: a draft only counts while every
 earlier draft was right, and then the drafted tokens *are* the true ones.
@@ -23,6 +24,7 @@ earlier draft was right, and then the drafted tokens *are* the true ones.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -36,7 +38,7 @@ from ..drafter.dspark import MARKOV_HEAD_TYPES, DSparkDrafter, DSparkSettings, M
 from .loss import IGNORE
 
 __all__ = ["FAMILY_HEADS", "domino_bias", "head_parameters", "markov_bias", "teacher_forced_bias",
-           "teacher_forced_prev", "with_domino_head", "with_dspark_head"]
+           "teacher_forced_prev", "with_domino_head", "with_dspark_head", "with_head_of"]
 
 FAMILY_HEADS = ("dspark", "domino")  # what `train add-head --family` builds
 
@@ -92,6 +94,30 @@ def with_domino_head(drafter: DFlashDrafter, gru_hidden_dim: int = 128, emb_dim:
     with torch.no_grad():
         domino.embed_proj[2].weight.zero_()
     return domino
+
+
+def with_head_of(headed: DFlashDrafter, drafter: DFlashDrafter) -> DFlashDrafter:
+    """``headed``'s head (a trained DSpark or Domino drafter's) on ``drafter``'s backbone and draft
+    vocabulary, in ``drafter``'s dtype and device: every backbone tensor replaced, the head's kept.
+    For a backbone trained further after the head was trained on it; a short `fit --head-only` from
+    the result adapts the head to it. Raises ValueError where the two backbones differ in shape or
+    in what they read (target layers, mask token, block)."""
+    _check_backbone(drafter, "with_head_of")
+    head_parameters(headed)  # a family drafter with a head, or a clear error
+    ours = dataclasses.replace(headed.config, block_size=headed.block_size)  # DSpark's config holds its gamma
+    differ = [f.name for f in dataclasses.fields(drafter.config)
+              if f.compare and f.name != "dtype" and getattr(ours, f.name) != getattr(drafter.config, f.name)]
+    if differ:
+        raise ValueError(f"with_head_of: the backbone's config differs from the headed drafter's in {differ}: "
+                         "a head moves only between backbones of one shape")
+    new = copy.deepcopy(headed).to(device=drafter.fc.weight.device, dtype=drafter.fc.weight.dtype)
+    backbone = drafter.state_dict()
+    head = set(new.state_dict()) - set(backbone)
+    missing, unexpected = new.load_state_dict(backbone, strict=False)
+    if unexpected or set(missing) != head:
+        raise AssertionError(f"backbone copy: missing {missing}, unexpected {unexpected}")
+    new.vocab_ranking = drafter.vocab_ranking
+    return new.train(drafter.training)
 
 
 def head_parameters(drafter: DFlashDrafter) -> list[torch.nn.Parameter]:
