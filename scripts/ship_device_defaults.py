@@ -9,7 +9,7 @@ plain decoding and each CPU candidate on two built-in prompts), three times, and
 candidate that won most often (ties: the higher median tokens/s) with its median tokens/s and
 plain decoding's into ``sglang_reanchor/assets/smollm2-135m-dflash-b16/device_defaults.json``,
 under this machine's key (CPU model, bfloat16 flags, torch threads, dtype); an entry with the
-same key is replaced; its ``served`` fields are kept where the same config wins again, and dropped
+same key is replaced in place; its ``served`` fields are kept where the same config wins again, and dropped
 otherwise (measured under load for the old choice: measure them again with ``scripts/load_bench.py``). The entry records plain decoding's speed beside the winner's, so that a
 machine where no candidate beats plain decoding says so (the demo prints both). Run it with
 nothing else on the machine.
@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         entry["served"] = old["served"]  # measured under load for this same config: still its shape
     if old is not None and old.get("sampled") and old.get("drafter_sha256") == weights:
         entry["sampled"] = old["sampled"]  # measured with these weights, whatever wins at T = 0
-    data["entries"] = [e for e in data["entries"] if e["key"] != key] + [entry]
+    entries = data["entries"]  # replaced in place (a new key goes last): the file's diff shows what changed
+    at = next((i for i, e in enumerate(entries) if e["key"] == key), len(entries))
+    data["entries"] = entries[:at] + [entry] + entries[at + 1:]
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}: {entry}")
     return 0
