@@ -16,9 +16,9 @@ into one of the family with the same backbone, in DFlash's query layout (slot ``
 predicts ``x[a + k]``, as the backbone was trained), and a head whose output weight
 starts at exactly zero (``markov_w2 = 0``, ``embed_proj.2 = 0``): before its first step
 it drafts the backbone's tokens. `with_head_of` carries a trained head onto a retrained
-backbone of the same shape (a short head-only run there adapts it). `teacher_forced_bias` is the head teacher-forced: the
-previous tokens at slot ``k`` are the true ``x[a + 1 .. a + k - 1]`` (after the
-anchor). That is exact for what decoding measures: a draft only counts while every
+backbone of the same shape (a short head-only run there adapts it). `teacher_forced_bias`
+is the head teacher-forced: the previous tokens at slot ``k`` are the true
+``x[a + 1 .. a + k - 1]`` (after the anchor). That is exact for what decoding measures: a draft only counts while every
 earlier draft was right, and then the drafted tokens *are* the true ones.
 """
 
