@@ -2,7 +2,8 @@
 
 Like test_engine_lossless.py for DFlash: random tiny targets (Llama or Qwen3), random
 family drafters (random-weight heads of every kind) written in SGLang's format and
-loaded back, random ReAnchor configurations; at T=0 the tokens equal Hugging Face's
+loaded back, random ReAnchor configurations (half of them branching on the head's runner-up
+tokens); at T=0 the tokens equal Hugging Face's
 greedy decoding. At T>0 a seeded run equals plain seeded decoding, and the first tokens
 follow the target's exact distribution.
 """
@@ -22,13 +23,13 @@ from test_engine_sampling import STEPS, VOCAB, exact_joint
 from sglang_reanchor import DFlashDrafter, ReAnchorConfig, SamplingParams, SpeculativeGenerator
 
 NUM_CASES = 24  # per family
-STATS: dict[tuple[str, int], tuple[int, int, int]] = {}  # (family, case) -> reanchor's (rounds, deep, shifted)
+STATS: dict[tuple[str, int], tuple[int, ...]] = {}  # (family, case) -> reanchor's (rounds, deep, shifted, branched)
 
 
-def reanchor_stats(result) -> tuple[int, int, int]:
-    """Rounds, rounds that accepted >= 2 drafts, and tokens accepted through shifted rows."""
+def reanchor_stats(result) -> tuple[int, ...]:
+    """Rounds, rounds that accepted >= 2 drafts, tokens accepted through shifted rows and through branches."""
     return (len(result.acceptance_lengths), sum(t >= 3 for t in result.acceptance_lengths),
-            sum(result.shifted_accepts))
+            sum(result.shifted_accepts), sum(result.branch_accepts))
 
 
 def family_drafter(family: str, target, rng: random.Random, block: int, seed: int):
@@ -102,6 +103,10 @@ def make_case(family: str, case: int, tmp_path):
     sure = random.Random(30_000 + case)  # cut rows where the drafter's confidence runs out (own stream)
     if sure.random() < 0.3:
         config = config.replace(verify_threshold=sure.choice([0.05, 0.2, 0.5, 0.9, 1.0]))
+    branch = random.Random(20_000 + case)  # half the cases branch on the head's runner-up tokens (own stream)
+    if branch.random() < 0.5:
+        config = config.replace(branch_width=branch.choice([1, 2, 3]), branch_rows=branch.choice([1, 3, 8]),
+                                branch_length=branch.choice([1, 2, 4]), branch_temperature=branch.choice([0.5, 1.0, 3.0]))
     return target, drafter, config, draft_vocab, prompt, rng.choice([1, 7, 33, 48])
 
 
@@ -123,7 +128,8 @@ def test_family_tokens_equal_hf_greedy(family, case, tmp_path):
 
 @pytest.mark.parametrize("family", ["domino", "dspark"])
 def test_family_cases_accept_drafts_through_shifted_rows(family, tmp_path):
-    """The cases above are not vacuous: the family heads' drafts get accepted, some via shifted rows.
+    """The cases above are not vacuous: the family heads' drafts get accepted, some via shifted rows,
+    some via branches.
     (Reads the runs of the test above when they ran in this session, else runs the cases; trees
     uncut by ``verify_threshold``, whose cases `test_engine_lossless` checks are cut.)"""
     for case in range(NUM_CASES):
@@ -132,8 +138,8 @@ def test_family_cases_accept_drafts_through_shifted_rows(family, tmp_path):
             STATS[family, case] = reanchor_stats(SpeculativeGenerator(
                 target, drafter, config.replace(verify_threshold=None), draft_vocab=draft_vocab,
             ).generate(prompt, max_new, method="reanchor"))
-    rounds, deep, shifted = (sum(STATS[family, c][i] for c in range(NUM_CASES)) for i in range(3))
-    assert rounds > 150 and deep >= 10 and shifted >= 5, (rounds, deep, shifted)
+    rounds, deep, shifted, branched = (sum(STATS[family, c][i] for c in range(NUM_CASES)) for i in range(4))
+    assert rounds > 150 and deep >= 10 and shifted >= 5 and branched >= 5, (rounds, deep, shifted, branched)
 
 
 @pytest.mark.parametrize("family", ["domino", "dspark"])
@@ -149,11 +155,13 @@ def test_a_seed_gives_plain_decodings_tokens_with_family_drafters(family, case, 
 
 
 @pytest.mark.parametrize("family", ["domino", "dspark"])
-def test_first_tokens_follow_the_target_distribution_with_family_drafters(family):
+@pytest.mark.parametrize("branch_width", [0, 2])
+def test_first_tokens_follow_the_target_distribution_with_family_drafters(family, branch_width):
     target = tiny_target("llama", vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1, seed=3)
     target.generation_config.eos_token_id = target.config.eos_token_id = None
     make = tiny_domino_drafter if family == "domino" else tiny_dspark_drafter
-    gen = SpeculativeGenerator(target, make(target, block_size=4, seed=5), ReAnchorConfig(offsets=(1, 2), node_budget=16))
+    config = ReAnchorConfig(offsets=(1, 2), node_budget=16, branch_width=branch_width, branch_rows=3)
+    gen = SpeculativeGenerator(target, make(target, block_size=4, seed=5), config)
     prompt, params = torch.tensor([[1, 3, 0]]), SamplingParams(temperature=1.0)
     joint = exact_joint(target, prompt, params)
     trials, counts = 400, Counter()  # (test_engine_sampling.py runs 800 per case for DFlash drafters)

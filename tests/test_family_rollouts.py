@@ -1,6 +1,6 @@
 """Domino and DSpark rollouts: the batched heads equal a plain per-block restatement of
 SGLang's rollouts (GRU and Markov steps written out by hand), on random heads and hidden
-states; the first n drafts do not depend on n; the reduced draft vocabulary and a padded
+states, drafts, their probabilities and the scores branching reads; the first n drafts do not depend on n; the reduced draft vocabulary and a padded
 LM head; `draft_blocks` rolls every block out from its own anchor.
 
 (SGLang's own functions as the oracle: tests_sglang/test_drafter_families.py.)
@@ -41,9 +41,10 @@ def _top_prob(scores: torch.Tensor) -> float:
 
 
 def domino_reference(drafter, hidden: torch.Tensor, anchor: int, n: int, pool: int,
-                     token_ids: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
+                     token_ids: torch.Tensor | None = None) -> tuple[list[int], list[float], torch.Tensor]:
     """One block ``hidden [W, H]``: SGLang's domino_greedy_rollout restated (the pool as a mask),
-    and the probability of each draft over the scores it was chosen from."""
+    the probability of each draft over the scores it was chosen from, and those scores ``[n, V]``
+    (``-inf`` for tokens outside the draft vocabulary or the pool)."""
     gru, proj = drafter.prefix_gru, drafter.embed_proj
     allowed = _allowed(token_ids)
     start = 0 if drafter.domino.shift_label else 1
@@ -54,7 +55,7 @@ def domino_reference(drafter, hidden: torch.Tensor, anchor: int, n: int, pool: i
     if 0 < k < int(allowed.sum()) and z.shape[0] > 1:
         keep = torch.zeros(VOCAB, dtype=torch.bool)
         keep[base[1:].amax(0).topk(k).indices] = True
-    tokens, probs = [int(base[0].argmax())], [_top_prob(base[0])]
+    tokens, probs, rows = [int(base[0].argmax())], [_top_prob(base[0])], [base[0]]
     h = torch.zeros(drafter.domino.gru_hidden_dim, dtype=hidden.dtype)
     for t in (anchor, tokens[0]):
         h = _gru(EMB.weight[t], h, gru.weight_ih_l0, gru.weight_hh_l0)
@@ -63,19 +64,20 @@ def domino_reference(drafter, hidden: torch.Tensor, anchor: int, n: int, pool: i
         scores = (base[i] + proj[2].weight @ latent).masked_fill(~keep, NEG)
         tokens.append(int(scores.argmax()))
         probs.append(_top_prob(scores))
+        rows.append(scores)
         h = _gru(EMB.weight[tokens[-1]], h, gru.weight_ih_l0, gru.weight_hh_l0)
-    return tokens, probs
+    return tokens, probs, torch.stack(rows).detach()
 
 
 def dspark_reference(drafter, hidden: torch.Tensor, anchor: int, n: int,
-                     token_ids: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
-    """One block ``hidden [W, H]``: SGLang's draft_markov_block (greedy) restated, and the
-    probability of each draft."""
+                     token_ids: torch.Tensor | None = None) -> tuple[list[int], list[float], torch.Tensor]:
+    """One block ``hidden [W, H]``: SGLang's draft_markov_block (greedy) restated, the
+    probability of each draft, and the scores ``[n, V]`` it was the argmax of."""
     m, kind = drafter.markov_head, drafter.dspark.markov_head_type
     start = 0 if drafter.dspark.sample_from_anchor else 1
     hs = hidden[start:start + n]
     base = (hs @ HEAD.weight.T).masked_fill(~_allowed(token_ids), NEG)
-    prev, state, tokens, probs = anchor, torch.zeros(drafter.dspark.markov_rank, dtype=hidden.dtype), [], []
+    prev, state, tokens, probs, rows = anchor, torch.zeros(drafter.dspark.markov_rank, dtype=hidden.dtype), [], [], []
     for s in range(n):
         e = m.markov_w1.weight[prev]
         if kind == "vanilla":
@@ -90,7 +92,8 @@ def dspark_reference(drafter, hidden: torch.Tensor, anchor: int, n: int,
         prev = int((base[s] + bias).argmax())
         tokens.append(prev)
         probs.append(_top_prob(base[s] + bias))
-    return tokens, probs
+        rows.append(base[s] + bias)
+    return tokens, probs, torch.stack(rows).detach()
 
 
 FAMILY = st.one_of(
@@ -126,11 +129,19 @@ def test_batched_rollout_equals_the_per_block_reference(family, block, bs, rows,
     assert got.shape == (bs, rows, n) and got.dtype == torch.long
     same, probs = drafter.head.rollout_with_probs(hidden, anchors, embed_tokens=EMB, lm_head=head, num_drafts=n)
     assert torch.equal(same, got) and probs.shape == (bs, rows, n) and probs.dtype == torch.float32
+    # the first block's scores (what branching reads), over the head's columns
+    also, also_probs, scores = drafter.head.rollout_with_scores(hidden, anchors, embed_tokens=EMB, lm_head=head,
+                                                                num_drafts=n, with_probs=True)
+    assert torch.equal(also, got) and torch.equal(also_probs, probs)
+    columns = torch.arange(VOCAB) if token_ids is None else token_ids
+    assert scores.shape == (bs, n, len(columns))
     for b in range(bs):
         for r in range(rows):
-            tokens, p = reference(hidden[b, r], int(anchors[b, r]), n, token_ids)
+            tokens, p, s = reference(hidden[b, r], int(anchors[b, r]), n, token_ids)
             assert got[b, r].tolist() == tokens, (b, r)
             torch.testing.assert_close(probs[b, r], torch.tensor(p, dtype=torch.float32), rtol=1e-5, atol=1e-6)
+            if r == 0:
+                torch.testing.assert_close(scores[b].double(), s[:, columns])
     full = drafter.head.rollout(hidden, anchors, embed_tokens=EMB, lm_head=head, num_drafts=width - 1)
     assert torch.equal(got, full[:, :, :n])  # the first n drafts do not depend on n
 
@@ -228,3 +239,7 @@ def test_dflash_draft_probabilities_are_the_softmax_of_its_logits(n, subset, see
     logits = (hidden[:, :, 1 : 1 + n] @ HEAD.weight.T).masked_fill(~_allowed(token_ids), NEG)
     torch.testing.assert_close(probs, logits.softmax(-1).amax(-1).float(), rtol=1e-5, atol=1e-6)
     assert torch.equal(drafts, logits.argmax(-1))
+    same, _, scores = ARGMAX_HEAD.rollout_with_scores(hidden, anchors, lm_head=head, num_drafts=n)
+    columns = torch.arange(VOCAB) if token_ids is None else token_ids
+    assert torch.equal(same, drafts)
+    torch.testing.assert_close(scores, (hidden[:, 0, 1 : 1 + n] @ HEAD.weight.T)[..., columns])

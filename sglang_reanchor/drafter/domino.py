@@ -150,11 +150,13 @@ class DominoHead(RolloutHead):
         return width - 1
 
     def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
-                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+                 num_drafts: int, vocab_size: int | None, with_probs: bool,
+                 with_scores: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens ``anchors [bs, R]``:
         the first ``n`` of the ``W - 1`` proposals (the candidate pool is the whole block's, so they do
         not depend on ``n``); with ``with_probs`` each draft's probability, the first over the base
-        logits, a later one over the corrected scores (of the pool where one is used)."""
+        logits, a later one over the corrected scores (of the pool where one is used); with
+        ``with_scores`` the first block's scores ``[bs, n, V']`` (``-inf`` outside the pool)."""
         if embed_tokens is None:
             raise ValueError("a Domino rollout needs embed_tokens (the target's input embedding): its GRU "
                              "reads the anchor and the drafts")
@@ -177,10 +179,13 @@ class DominoHead(RolloutHead):
         col = base[0].argmax(dim=-1)
         token = view.tokens(col)
         drafts, probs = [token], [chosen_prob(base[0])] if with_probs else []
+        first = slice(None, None, num_blocks)  # the rows of each batch row's first block
+        scores = [base[0, first]] if with_scores else []
 
-        def stacked() -> tuple[Tensor, Tensor | None]:
+        def stacked() -> tuple[Tensor, Tensor | None, Tensor | None]:
             out = torch.stack(drafts, dim=1).view(bs, num_blocks, n)
-            return out, torch.stack(probs, dim=1).view(bs, num_blocks, n) if with_probs else None
+            return (out, torch.stack(probs, dim=1).view(bs, num_blocks, n) if with_probs else None,
+                    torch.stack([x.float() for x in scores], dim=1) if with_scores else None)
 
         if n == 1:
             return stacked()
@@ -197,15 +202,18 @@ class DominoHead(RolloutHead):
         for i in range(1, n):
             latent = self.embed_proj[1](self.embed_proj[0](torch.cat((z[:, i], state[0]), dim=-1)))  # [rows, E]
             if use_pool:
-                scores = cand_base[i - 1] + torch.bmm(cand_w, latent.unsqueeze(-1)).squeeze(-1)
-                col = torch.gather(cand, 1, scores.argmax(dim=-1)[:, None]).squeeze(1)
+                step = cand_base[i - 1] + torch.bmm(cand_w, latent.unsqueeze(-1)).squeeze(-1)  # [rows, pool]
+                col = torch.gather(cand, 1, step.argmax(dim=-1)[:, None]).squeeze(1)
             else:
-                scores = base[i] + F.linear(latent, out_w)
-                col = scores.argmax(dim=-1)
+                step = base[i] + F.linear(latent, out_w)  # [rows, V']
+                col = step.argmax(dim=-1)
             token = view.tokens(col)
             drafts.append(token)
             if with_probs:
-                probs.append(chosen_prob(scores))
+                probs.append(chosen_prob(step))
+            if with_scores:
+                scores.append(step[first] if not use_pool else
+                              step.new_full((bs, view.size), -torch.inf).scatter(1, cand[first], step[first]))
             if i + 1 < n:  # the GRU reads this proposal before the next one
                 state = torch.gru_cell(embed_tokens(token).to(gru_w.dtype), state[0], gru_w,
                                        self.prefix_gru.weight_hh_l0, None, None)[None]

@@ -255,9 +255,11 @@ class DSparkHead(RolloutHead):
         return hidden[:, :, start:start + n].reshape(bs * num_blocks, n, h)
 
     def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
-                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+                 num_drafts: int, vocab_size: int | None, with_probs: bool,
+                 with_scores: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Drafts ``[bs, R, n]`` of blocks ``hidden [bs, R, W, H]`` with slot-0 tokens ``anchors [bs, R]``,
-        and (``with_probs``) their probabilities under the base logits plus the Markov bias
+        (``with_probs``) their probabilities under the base logits plus the Markov bias, and
+        (``with_scores``) those scores of the first block, ``[bs, n, V']``
         (``embed_tokens`` is not used: the Markov head embeds the previous token itself)."""
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(hidden.shape[2]))
         bs, num_blocks, n = anchors.shape[0], anchors.shape[1], num_drafts
@@ -277,7 +279,7 @@ class DSparkHead(RolloutHead):
         acc = torch.promote_types(step_dtype, torch.float32)  # SGLang adds in float32, then rounds
         state = self.markov_head.init_state(slots)
         prev = anchors.reshape(rows)
-        drafts, probs = [], []
+        drafts, probs, scores = [], [], []
         for s in range(n):
             bias, state = self.markov_head.step(prev, slots[:, s], state, w2)
             value = (base[:, s].to(acc) + bias.to(acc)).to(step_dtype)
@@ -285,8 +287,11 @@ class DSparkHead(RolloutHead):
             drafts.append(prev)
             if with_probs:
                 probs.append(chosen_prob(value))
+            if with_scores:
+                scores.append(value[::num_blocks])  # each batch row's first block
         out = torch.stack(drafts, dim=1).view(bs, num_blocks, n)
-        return out, torch.stack(probs, dim=1).view(bs, num_blocks, n) if with_probs else None
+        return (out, torch.stack(probs, dim=1).view(bs, num_blocks, n) if with_probs else None,
+                torch.stack(scores, dim=1) if with_scores else None)
 
     def confidence(self, hidden: Tensor, anchors: Tensor, drafts: Tensor) -> Tensor:
         """SGLang's ``DSparkConfidenceHead.predict`` (no calibration): per-draft acceptance

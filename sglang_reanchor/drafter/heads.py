@@ -56,6 +56,15 @@ class DraftHead(Protocol):
         Domino's candidate pool where it uses one): what `ReAnchorConfig.verify_threshold` cuts by."""
         ...
 
+    def rollout_with_scores(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module, lm_head: nn.Module,
+                            num_drafts: int, vocab_size: int | None = None,
+                            with_probs: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """`rollout`'s drafts, (``with_probs``) their probabilities, and the scores the first block's
+        drafts were the argmax of, ``[bs, num_drafts, V']`` over the LM head's columns (a family head's
+        corrected logits along its own rollout; ``-inf`` for tokens a Domino candidate pool leaves out):
+        the per-depth distributions branching reads (`sglang_reanchor.branching`)."""
+        ...
+
 
 class VocabView:
     """The vocabulary a rollout scores: rows of the LM head, and their token ids.
@@ -125,23 +134,33 @@ def chosen_prob(scores: Tensor) -> Tensor:
 
 
 class RolloutHead:
-    """`DraftHead.rollout` and `DraftHead.rollout_with_probs` over a head's one ``_rollout``,
-    which computes the probabilities only when asked."""
+    """`DraftHead.rollout`, `DraftHead.rollout_with_probs` and `DraftHead.rollout_with_scores` over a
+    head's one ``_rollout``, which computes the probabilities and the first block's scores only when asked."""
 
     def rollout(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
                 lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> Tensor:
         """See `DraftHead.rollout`."""
-        return self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, False)[0]
+        return self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, False, False)[0]
 
     def rollout_with_probs(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
                            lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None) -> tuple[Tensor, Tensor]:
         """See `DraftHead.rollout_with_probs`."""
-        drafts, probs = self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, True)
+        drafts, probs, _ = self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size, True, False)
         assert probs is not None
         return drafts, probs
 
+    def rollout_with_scores(self, hidden: Tensor, anchors: Tensor, *, embed_tokens: nn.Module | None = None,
+                            lm_head: nn.Module, num_drafts: int, vocab_size: int | None = None,
+                            with_probs: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """See `DraftHead.rollout_with_scores`."""
+        drafts, probs, scores = self._rollout(hidden, anchors, embed_tokens, lm_head, num_drafts, vocab_size,
+                                              with_probs, True)
+        assert scores is not None
+        return drafts, probs, scores
+
     def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
-                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+                 num_drafts: int, vocab_size: int | None, with_probs: bool,
+                 with_scores: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
         raise NotImplementedError
 
 
@@ -156,7 +175,8 @@ class ArgmaxHead(RolloutHead):
         return width - 1
 
     def _rollout(self, hidden: Tensor, anchors: Tensor, embed_tokens: nn.Module | None, lm_head: nn.Module,
-                 num_drafts: int, vocab_size: int | None, with_probs: bool) -> tuple[Tensor, Tensor | None]:
+                 num_drafts: int, vocab_size: int | None, with_probs: bool,
+                 with_scores: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
         check_rollout_inputs(hidden, anchors, num_drafts, self.max_drafts(hidden.shape[2]))
         bs, rows, n = anchors.shape[0], anchors.shape[1], num_drafts
         # Logits for slots 0..n, slot 0 dropped after: the same drafts, and on CPU a GEMM
@@ -171,7 +191,8 @@ class ArgmaxHead(RolloutHead):
         if isinstance(lm_head, DraftVocabHead):  # argmax over a reduced vocabulary: map back
             drafts = lm_head.token_ids[drafts]
         probs = chosen_prob(logits).view(bs, rows, 1 + n)[:, :, 1:] if with_probs else None
-        return drafts, probs
+        scores = logits.view(bs, rows, 1 + n, -1)[:, 0, 1:] if with_scores else None
+        return drafts, probs, scores
 
 
 ARGMAX_HEAD = ArgmaxHead()

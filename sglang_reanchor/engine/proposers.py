@@ -66,23 +66,24 @@ class Drafting:
     def blocks(self, cache: DraftContextCache, anchors: DraftAnchors, suffix: SuffixBatch,
                with_logits: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """One drafter forward over the anchors' blocks: ``[1, 1 + R, 1 + n]`` long, (``with_logits``)
-        the drafter's logits at the baseline block's slots ``1 .. n`` (``[1, n, V']``, for branching),
+        the scores the baseline block's drafts ``1 .. n`` were chosen from (``[1, n, V']``, for branching:
+        DFlash's logits, a Domino / DSpark head's corrected ones along its rollout),
         and (with ``verify_threshold``) its probability of each draft (``[1, 1 + R, n]``)."""
         hidden = draft_hidden(self.drafter, cache, anchors.tokens, anchors.positions,
                               suffix.features if suffix.features.shape[1] else None, anchors.visible,
                               self.embed_tokens, num_slots=self.num_slots)  # [1, 1 + R, W, H]
-        head, probs = self.drafter.head, None
-        if self.core.config.verify_threshold is None:
-            drafts = head.rollout(hidden, anchors.tokens, embed_tokens=self.embed_tokens, lm_head=self.head,
-                                  num_drafts=self.num_drafts)
+        head, probs, logits = self.drafter.head, None, None
+        with_probs = self.core.config.verify_threshold is not None
+        emb, lm_head, n = self.embed_tokens, self.head, self.num_drafts
+        if with_logits:  # the scores the baseline's drafts were chosen from (a family head's, along its rollout)
+            drafts, probs, logits = head.rollout_with_scores(hidden, anchors.tokens, embed_tokens=emb, lm_head=lm_head,
+                                                             num_drafts=n, with_probs=with_probs)
+        elif with_probs:
+            drafts, probs = head.rollout_with_probs(hidden, anchors.tokens, embed_tokens=emb, lm_head=lm_head,
+                                                    num_drafts=n)
         else:
-            drafts, probs = head.rollout_with_probs(hidden, anchors.tokens, embed_tokens=self.embed_tokens,
-                                                    lm_head=self.head, num_drafts=self.num_drafts)
-        blocks = torch.cat([anchors.tokens[:, :, None], drafts], dim=-1)
-        if not with_logits:
-            return blocks, None, probs
-        n, dim = self.num_drafts, hidden.shape[-1]
-        return blocks, self.head(hidden[:, 0, 1 : 1 + n].reshape(-1, dim)).view(hidden.shape[0], n, -1), probs
+            drafts = head.rollout(hidden, anchors.tokens, embed_tokens=emb, lm_head=lm_head, num_drafts=n)
+        return torch.cat([anchors.tokens[:, :, None], drafts], dim=-1), logits, probs
 
     @property
     def token_ids(self) -> Tensor | None:
@@ -138,9 +139,6 @@ class ReAnchorProposer:
     def __init__(self, drafting: Drafting) -> None:
         self.drafting = drafting
         self.branching = drafting.core.config.branch_width > 0
-        if self.branching and getattr(drafting.drafter.head, "family", "dflash") != "dflash":
-            raise ValueError("ReAnchorConfig.branch_width branches on DFlash drafters' per-slot distributions; "
-                             f"this drafter's head is {drafting.drafter.head.family!r}")
 
     def propose(self, cache: DraftContextCache, slot: int, seq_len: int, bonus: int, node_budget: int,
                 generator: torch.Generator) -> tuple[DraftTree, Draft]:
