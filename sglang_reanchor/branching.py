@@ -17,7 +17,10 @@ reaches depth ``t`` on the baseline and then picks ``c``::
 
 with ``p`` the drafter's distribution at temperature ``branch_temperature`` (a
 calibration: raw block-drafter probabilities are over-confident; fitted on
-development prompts, `bench`). The ``branch_rows`` best alternatives of the top
+development prompts, `bench`). For a Domino or DSpark head, ``p_t`` is the head's corrected
+distribution along its own rollout (given ``g_1 .. g_{t-1}``; `DraftHead.rollout_with_scores`), and
+the branch's later tokens are drafts made after ``g_t``, not after ``c``: a guess like any draft.
+The ``branch_rows`` best alternatives of the top
 ``1 + branch_width`` tokens of every slot are kept, best first (the order of their
 rows, so a node budget drops the least likely first), each ``branch_length`` tokens
 long. All widths are host numbers: nothing here reads the device.

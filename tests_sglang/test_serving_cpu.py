@@ -85,11 +85,12 @@ def pair_with_drafter(root: Path, folder: Path, drafter) -> Path:
     return folder
 
 
-def trace_taus(trace: Path) -> dict[str, list[int]]:
+def trace_taus(trace: Path, field: str = "tau") -> dict[str, list[int]]:
+    """Each request's rounds' ``field`` (``tau``, ``nodes``, ...) from a server's trace."""
     taus: dict[str, list[int]] = defaultdict(list)
     for line in trace.read_text().splitlines():
         row = json.loads(line)
-        taus[row["rid"]].append(row["tau"])
+        taus[row["rid"]].append(row[field])
     return taus
 
 
@@ -248,37 +249,47 @@ def test_reanchor_tokens_equal_plain_sglang(pair):
         assert spec[rid]["output_ids"] == plain[rid]["output_ids"], rid
 
 
-def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path):
+BRANCHING = '{"policy": "offset", "branch_width": 4, "branch_rows": 8, "branch_length": 2}'
+
+
+@pytest.mark.parametrize("config", ['{"policy": "offset"}', BRANCHING], ids=["trees", "branching"])
+def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path, config):
     """A Domino drafter (SGLang's ``projector_type: "domino"`` format): every block, the baseline
     and the shifted ones, is rolled out from its own anchor by SGLang's `domino_greedy_rollout` in
     the worker, by `DominoHead` in the reference engine (equal to SGLang's,
-    tests_sglang/test_drafter_families.py); tokens and rounds equal the engine's, and the tokens
-    equal plain greedy decoding. (SGLang's own Domino runtime wants CUDA and bfloat16: the CPU
-    hook ``domino-on-cpu`` in `seam` keeps its other checks.)"""
+    tests_sglang/test_drafter_families.py); with branching the worker rolls out with `DominoHead`
+    too (over SGLang's loaded modules), for the scores its branches are chosen from. Tokens and
+    rounds equal the engine's, and the tokens equal plain greedy decoding. (SGLang's own Domino
+    runtime wants CUDA and bfloat16: the CPU hook ``domino-on-cpu`` in `seam` keeps its other checks.)"""
     from factories import tiny_domino_drafter
 
     root, target, _ = pair
     domino = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
     domino_root = pair_with_drafter(root, tmp_path / "domino", domino)
     trace = tmp_path / "trace.jsonl"
-    config = '{"policy": "offset"}'
     got = serve(domino_root, "REANCHOR", ROUNDS[:1], config, trace)
     reference = SpeculativeGenerator(target, domino, config=parse_config(config))
-    taus = trace_taus(trace)
+    taus, nodes = trace_taus(trace), trace_taus(trace, "nodes")
+    unbranched = SpeculativeGenerator(target, domino, config=parse_config(config).replace(branch_width=0))
     for rid, (prompt, n) in PROMPTS.items():
         ref = reference.generate(prompt, n, method="reanchor")
         assert got[rid]["output_ids"] == ref.tokens == reference.generate(prompt, n, method="target").tokens, rid
-        assert taus[rid] == ref.acceptance_lengths, rid
+        assert taus[rid] == ref.acceptance_lengths and nodes[rid] == ref.tree_sizes, rid
+        if config == BRANCHING:  # the branches are in the trees: wider than without them
+            assert sum(ref.tree_sizes) > sum(unbranched.generate(prompt, n, method="reanchor").tree_sizes), rid
     assert max(max(t) for t in taus.values()) > 1  # drafts are accepted (random weights: via shifted rows)
 
 
-@pytest.mark.parametrize("kind,sample_from_anchor,gamma", [("rnn", True, 8), ("gated", False, 7)],
-                         ids=["rnn-from-anchor", "gated-dflash-layout"])
-def test_a_dspark_drafter_serves_the_reference_engines_rounds(pair, tmp_path, kind, sample_from_anchor, gamma):
+@pytest.mark.parametrize("kind,sample_from_anchor,gamma,config",
+                         [("rnn", True, 8, '{"policy": "offset"}'), ("gated", False, 7, '{"policy": "offset"}'),
+                          ("vanilla", False, 7, BRANCHING)],
+                         ids=["rnn-from-anchor", "gated-dflash-layout", "vanilla-branching"])
+def test_a_dspark_drafter_serves_the_reference_engines_rounds(pair, tmp_path, kind, sample_from_anchor, gamma, config):
     """A DSpark drafter (SGLang's ``Qwen3DSparkModel`` format) served by REANCHOR: SGLang loads it with
     its own DSpark model class, every block is rolled out by SGLang's ``draft_markov_block`` on
     ``compute_base_logits`` in the worker and by `DSparkHead` in the reference engine (equal to SGLang's,
-    tests_sglang/test_drafter_families.py). Both query layouts: ``gamma`` slots from the anchor, and
+    tests_sglang/test_drafter_families.py); with branching the worker rolls out with `DSparkHead` over
+    SGLang's loaded Markov head. Both query layouts: ``gamma`` slots from the anchor, and
     ``gamma + 1`` (DFlash's). Tokens and rounds equal the engine's, tokens equal plain greedy decoding."""
     from factories import tiny_dspark_drafter
 
@@ -288,23 +299,25 @@ def test_a_dspark_drafter_serves_the_reference_engines_rounds(pair, tmp_path, ki
     assert dspark.block_size == 8  # query slots: the same window as the DFlash drafter's
     ds_root = pair_with_drafter(root, tmp_path / "dspark", dspark)
     trace = tmp_path / "trace.jsonl"
-    config = '{"policy": "offset"}'
     got = serve(ds_root, "REANCHOR", ROUNDS[:1], config, trace)
     reference = SpeculativeGenerator(target, dspark, config=parse_config(config))
-    taus = trace_taus(trace)
+    taus, nodes = trace_taus(trace), trace_taus(trace, "nodes")
+    unbranched = SpeculativeGenerator(target, dspark, config=parse_config(config).replace(branch_width=0))
     for rid, (prompt, n) in PROMPTS.items():
         ref = reference.generate(prompt, n, method="reanchor")
         assert got[rid]["output_ids"] == ref.tokens == reference.generate(prompt, n, method="target").tokens, rid
-        assert taus[rid] == ref.acceptance_lengths, rid
+        assert taus[rid] == ref.acceptance_lengths and nodes[rid] == ref.tree_sizes, rid
+        if config == BRANCHING:  # the branches are in the trees: wider than without them
+            assert sum(ref.tree_sizes) > sum(unbranched.generate(prompt, n, method="reanchor").tree_sizes), rid
     assert max(max(t) for t in taus.values()) > 1  # drafts are accepted
 
 
-@pytest.mark.parametrize("config,refusal", [('{"branch_width": 2}', "draft_vocab and branch_width are not served"),
+@pytest.mark.parametrize("config,refusal", [('{"draft_vocab": 8}', "draft_vocab is not served"),
                                             ('{"draft_slots": 4}', "draft_slots is not served")],
-                         ids=["branching", "draft-slots"])
+                         ids=["draft-vocab", "draft-slots"])
 def test_a_dspark_server_refuses_what_its_rollout_cannot_serve(pair, tmp_path, config, refusal):
-    """Branching or shortened blocks with a DSpark drafter: the scheduler refuses them at start-up,
-    naming the fields."""
+    """A draft vocabulary or shortened blocks with a DSpark drafter: the scheduler refuses them at
+    start-up, naming the fields."""
     from factories import tiny_dspark_drafter
 
     root, target, _ = pair

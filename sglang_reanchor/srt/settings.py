@@ -117,8 +117,9 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
     """The config to serve (module docstring): ``$SGLANG_REANCHOR_CONFIG`` when set, else by device.
 
     ``dtype``: what the target runs in (``"float32"``, ``"bfloat16"``, ...); ``drafter_folder``: a
-    local folder (a hub id ships nothing); ``tp_size`` > 1 or ``full_vocab_only`` (a Domino drafter)
-    drop the shipped choice's ``draft_vocab`` and branching, which those servers do not run;
+    local folder (a hub id ships nothing); ``tp_size`` > 1 drops the shipped choice's ``draft_vocab``
+    and branching, ``full_vocab_only`` (a Domino or DSpark drafter) its ``draft_vocab``, which those
+    servers do not run;
     ``packed_linears``: the server packs its float32 linears (`packed_linears`), and budgets its
     batches with the entry's profile measured so (``served.cost_profile_packed``) where it has one.
 
@@ -151,8 +152,10 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
     own_profile = bool(env.get(COST_PROFILE_ENV, "").strip())
     config = choice.config if own_profile else (choice.served or choice.config)
     config = config.replace(**{name: None for name in UNSERVED_FIELDS})  # the reference engine's only
-    if tp_size != 1 or full_vocab_only:
+    if tp_size != 1:
         config = config.replace(draft_vocab=None, branch_width=0)
+    if full_vocab_only:
+        config = config.replace(draft_vocab=None)
     speed = (f" ({choice.tokens_per_s:g} tokens/s against {choice.plain_tokens_per_s:g} plain in the reference engine)"
              if choice.tokens_per_s and choice.plain_tokens_per_s else "")
     where = f"(measured under load: {choice.served_measured or 'the entry says not where'})"

@@ -136,7 +136,7 @@ def _is_domino_folder(path: str | None) -> bool:
 
 def _has_own_rollout(path: str | None) -> bool:
     """Whether a local drafter folder's head rolls its drafts out slot after slot over the whole
-    vocabulary (Domino, DSpark): such servers run no ``draft_vocab`` and no branching."""
+    vocabulary (Domino, DSpark): such servers run no ``draft_vocab``."""
     return _is_domino_folder(path) or (path is not None and _is_dspark_folder(path))
 
 

@@ -63,7 +63,10 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, draft_tp_context
 
 from ..budget import BatchBudget
+from ..drafter.domino import DominoHead
 from ..drafter.draft_vocab import DraftVocabHead, load_draft_vocab
+from ..drafter.dspark import DSparkHead
+from ..drafter.heads import RolloutHead
 from ..round import CommitPlan, DraftAnchors, RoundCore
 from ..suffix import SuffixBatch, SuffixStore
 from ..tree import DraftTree
@@ -168,15 +171,18 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         # the trace: one line per request per round, written by TP rank 0 (every rank drafts the same tree)
         self._trace_path = os.environ.get(TRACE_ENV, "") if int(get_parallel().tp_rank) == 0 else ""
-        self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
+        self._family_branch_head: RolloutHead | None = None  # a Domino / DSpark head that branches (below)
         if self._is_domino or self._is_dspark:
             family = "Domino" if self._is_domino else "DSpark"
-            if self._draft_vocab is not None or self.reanchor.branch_width:
-                raise ValueError(f"REANCHOR with a {family} drafter: draft_vocab and branch_width are not served "
+            if self.reanchor.draft_vocab is not None:
+                raise ValueError(f"REANCHOR with a {family} drafter: draft_vocab is not served; set it to null "
                                  f"({family}'s rollout corrects drafts over the whole vocabulary, slot after slot)")
+            if self.reanchor.branch_width:  # branches read the corrected scores SGLang's rollouts do not return
+                self._family_branch_head = self._own_family_head()
             if self.reanchor.draft_slots is not None:
                 raise ValueError(f"REANCHOR with a {family} drafter: draft_slots is not served (its head is built "
                                  "for whole blocks); set it to null")
+        self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
         self._draft_vocab_head: DraftVocabHead | None = None  # built at the first draft (the LM head exists then)
         self._pack_linears = packs_linears_here()  # the draft-vocabulary head packed like the models' linears
         self._batch_budget = self._load_batch_budget()
@@ -565,14 +571,21 @@ class ReAnchorWorker(DFlashWorkerV2):
             out = self.draft_model_runner.forward(forward_batch)
             hidden = out.logits_output.hidden_states.view(bs, -1, block, out.logits_output.hidden_states.shape[-1])
             n = self._num_drafts  # the LM head skips the slots past max_depth
-            if self._is_domino:  # every block rolled out from its own anchor by SGLang's Domino rollout
-                drafts = self._domino_drafts(hidden, ids.view(bs, -1, block)[:, :, 0], embed, lm_head)[:, :, :n]
+            block_anchors = ids.view(bs, -1, block)[:, :, 0]
+            logits = None
+            if self._family_branch_head is not None:  # the project's rollout (equal to SGLang's), with its scores
+                drafts, _, logits = self._family_branch_head.rollout_with_scores(
+                    hidden, block_anchors, embed_tokens=embed, lm_head=lm_head, num_drafts=n,
+                    vocab_size=int(self.target_worker.model_runner.model_config.vocab_size))
+            elif self._is_domino:  # every block rolled out from its own anchor by SGLang's Domino rollout
+                drafts = self._domino_drafts(hidden, block_anchors, embed, lm_head)[:, :, :n]
             elif self._is_dspark:  # ... by SGLang's DSpark Markov rollout
-                drafts = self._dspark_drafts(hidden, ids.view(bs, -1, block)[:, :, 0], embed, lm_head, n)
+                drafts = self._dspark_drafts(hidden, block_anchors, embed, lm_head, n)
             else:
                 drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head)
                 drafts = drafts.view(bs, -1, n)
-            logits = self._branch_logits(hidden[:, 0, 1:1 + n], lm_head) if self.reanchor.branch_width else None
+                if self.reanchor.branch_width:
+                    logits = self._branch_logits(hidden[:, 0, 1:1 + n], lm_head)
         return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2), logits
 
     def _branch_logits(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
@@ -582,6 +595,18 @@ class ReAnchorWorker(DFlashWorkerV2):
             return self._draft_vocab_logits(hidden)
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         return torch.nn.functional.linear(hidden.to(lm_head.weight.dtype), lm_head.weight[:vocab])
+
+    def _own_family_head(self) -> RolloutHead:
+        """The project's `DominoHead` / `DSparkHead` over SGLang's loaded modules (shared, not copied):
+        its rollout equals SGLang's (tests_sglang/test_drafter_families.py) and also returns the scores
+        each draft was the argmax of, which branching reads and SGLang's rollouts do not return.
+        Branching runs at ``--tp-size 1`` only (`_load_draft_vocab`), where no rollout needs a TP sync."""
+        model = self.draft_model
+        if self._is_domino:
+            return DominoHead(model.prefix_gru, model.embed_proj, bool(model.shift_label),
+                              candidate_pool_size=int(self.domino_candidate_pool_size))
+        return DSparkHead.over(model.markov_head, getattr(model, "confidence_head", None),
+                               bool(model.sample_from_anchor))
 
     def _domino_drafts(self, hidden: torch.Tensor, anchors: torch.Tensor, embed: Any, lm_head: Any) -> torch.Tensor:
         """Domino's drafts of every block (``hidden [bs, R, B, H]``, ``anchors [bs, R]``) -> ``[bs, R, B-1]``:
