@@ -76,8 +76,8 @@ class ReAnchorConfig:
         ``draft_slots - 1`` are not made, whatever ``max_depth`` says.
     branch_width:
         Branching (`sglang_reanchor.branching`): alternatives per baseline slot, the
-        drafter's 2nd .. ``1 + branch_width``-th choices (a Domino or DSpark head's, over its
-        corrected scores; reference engine only for those); 0 (the default) branches nowhere.
+        drafter's 2nd .. ``1 + branch_width``-th choices (a Domino or DSpark head's over its
+        corrected scores); 0 (the default) branches nowhere.
     branch_rows:
         Branches kept per round, the most likely first (each a short chain below the
         baseline; created after the shifted rows, so a node budget drops them first).
