@@ -173,19 +173,21 @@ def test_a_server_takes_the_entrys_served_fields_on_top(pair, tmp_path):
 
 
 def test_a_family_server_keeps_branching_and_drops_the_draft_vocabulary(pair, tmp_path):
-    """A Domino or DSpark server (``full_vocab_only``) branches on its head's corrected scores but drafts
-    over the whole vocabulary; a server at ``--tp-size`` > 1 runs neither."""
+    """A Domino or DSpark server (``full_vocab_only``) branches on its head's corrected scores and cuts by
+    its probabilities but drafts over the whole vocabulary; a server at ``--tp-size`` > 1 runs none of the three."""
     from sglang_reanchor.srt.settings import served_config
 
     _, drafter = pair
     chosen = small_candidates(drafter)[-1]
-    assert chosen.branch_width and chosen.draft_vocab
+    assert chosen.branch_width and chosen.draft_vocab and chosen.verify_threshold
     entry = {"key": machine_key(CPU, torch.float32), "config": {**asdict(chosen), "offsets": list(chosen.offsets)}}
     (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
     family = served_config("cpu", "float32", str(tmp_path), full_vocab_only=True, environ={}).config
-    assert family == chosen.replace(draft_vocab=None, verify_threshold=None, batch_node_budget=chosen.node_budget)
+    assert family == chosen.replace(draft_vocab=None, batch_node_budget=chosen.node_budget)
     wide = served_config("cpu", "float32", str(tmp_path), tp_size=2, environ={}).config
-    assert (wide.branch_width, wide.draft_vocab) == (0, None)
+    assert (wide.branch_width, wide.draft_vocab, wide.verify_threshold) == (0, None, None)
+    assert served_config("cpu", "float32", str(tmp_path), environ={}).config == family.replace(
+        draft_vocab=chosen.draft_vocab)
 
 
 def test_a_server_budgets_batches_with_the_entrys_cost_profile(pair, tmp_path):

@@ -99,22 +99,23 @@ def _with_shipped_defaults(tmp_path, drafter, config: dict, dtype: str = "float3
 
 def test_cpu_server_takes_the_drafter_folders_defaults_for_this_machine(tiny_dirs, tmp_path):
     target, drafter = tiny_dirs
-    shipped = {"offsets": [1], "policy": "offset", "node_budget": 6, "max_depth": 3, "draft_vocab": 8}
-    # verify_threshold is the reference engine's: the server takes the rest of the entry
-    folder = _with_shipped_defaults(tmp_path, drafter, {**shipped, "verify_threshold": 0.3})
+    shipped = {"offsets": [1], "policy": "offset", "node_budget": 6, "max_depth": 3, "draft_vocab": 8,
+               "verify_threshold": 0.3}
+    folder = _with_shipped_defaults(tmp_path, drafter, shipped)
     dirs = (target, folder)
     got, out = resolve(dirs, "--dtype", "float32")
     assert got is not None, out.stderr[-4000:]
     assert got["speculative_num_draft_tokens"] == 1 + 2 * 8  # the window of offsets (1,): 1 + 2 rows x 8
     served = json.loads(got["env_config"])  # written for the scheduler processes
-    assert {k: served[k] for k in shipped} == {**shipped} and "verify_threshold" not in served
+    assert {k: served[k] for k in shipped} == shipped
     assert "defaults for this CPU" in out.stderr
     # another dtype is another machine kind: the paper's configuration, said so
     got, out = resolve(dirs, "--dtype", "bfloat16")
     assert got is not None and got["speculative_num_draft_tokens"] == 48 and got["env_config"] is None
-    # TP 2 serves no draft vocabulary: the shipped tree without it
+    # TP 2 serves no draft vocabulary and no confidence cut: the shipped tree without them
     got, out = resolve(dirs, "--dtype", "float32", "--tp-size", "2")
-    assert got is not None and json.loads(got["env_config"])["draft_vocab"] is None, out.stderr[-4000:]
+    assert got is not None, out.stderr[-4000:]
+    assert (json.loads(got["env_config"])["draft_vocab"], json.loads(got["env_config"])["verify_threshold"]) == (None, None)
     # the environment wins over anything shipped
     got, out = resolve(dirs, "--dtype", "float32", env={"SGLANG_REANCHOR_CONFIG": '{"node_budget": 64}'})
     assert got is not None and got["speculative_num_draft_tokens"] == 64

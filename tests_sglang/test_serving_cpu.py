@@ -312,6 +312,40 @@ def test_a_dspark_drafter_serves_the_reference_engines_rounds(pair, tmp_path, ki
     assert max(max(t) for t in taus.values()) > 1  # drafts are accepted
 
 
+CUT = '{"policy": "offset", "offsets": [1, 2], "verify_threshold": 0.05}'
+
+
+@pytest.mark.parametrize("family,config", [("dflash", CUT), ("dflash", CUT[:-1] + ', "draft_vocab": 32}'),
+                                           ("domino", CUT[:-1] + ', "branch_width": 2, "branch_rows": 4}'),
+                                           ("dspark", CUT)],
+                         ids=["dflash", "dflash-draft-vocab", "domino-branching", "dspark"])
+def test_a_confidence_cut_serves_the_reference_engines_trees(pair, tmp_path, family, config):
+    """``verify_threshold`` served: each drafted row (and branch) cut where the running product of the
+    drafter's probabilities falls below it, from the probabilities the worker scores as the engine does
+    (DFlash's LM head, over the draft vocabulary too; a Domino / DSpark head's corrected scores). On a
+    CPU the worker trims each tree to its real nodes, so the cut is verify work saved. Tokens, taus and
+    verified nodes per round equal the engine's; the trees are narrower than uncut ones."""
+    from factories import tiny_domino_drafter, tiny_dspark_drafter
+
+    root, target, drafter = pair
+    if family == "domino":
+        drafter = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
+    elif family == "dspark":
+        drafter = tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2], seed=6, markov_head_type="rnn",
+                                      markov_rank=5, sample_from_anchor=False)
+    served_root = root if family == "dflash" else pair_with_drafter(root, tmp_path / family, drafter)
+    trace = tmp_path / "trace.jsonl"
+    got = serve(served_root, "REANCHOR", ROUNDS[:1], config, trace)
+    reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
+    uncut = SpeculativeGenerator(target, drafter, config=parse_config(config).replace(verify_threshold=None))
+    taus, nodes = trace_taus(trace), trace_taus(trace, "nodes")
+    for rid, (prompt, n) in PROMPTS.items():
+        ref = reference.generate(prompt, n, method="reanchor")
+        assert got[rid]["output_ids"] == ref.tokens == reference.generate(prompt, n, method="target").tokens, rid
+        assert taus[rid] == ref.acceptance_lengths and nodes[rid] == ref.tree_sizes, rid
+        assert sum(ref.tree_sizes) < sum(uncut.generate(prompt, n, method="reanchor").tree_sizes), rid
+
+
 @pytest.mark.parametrize("config,refusal", [('{"draft_vocab": 8}', "draft_vocab is not served"),
                                             ('{"draft_slots": 4}', "draft_slots is not served")],
                          ids=["draft-vocab", "draft-slots"])

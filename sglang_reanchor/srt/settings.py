@@ -41,9 +41,6 @@ __all__ = ["COST_PROFILE_ENV", "ENV_VAR", "ServedConfig", "ServingWidths", "conf
 
 ENV_VAR = "SGLANG_REANCHOR_CONFIG"
 COST_PROFILE_ENV = "SGLANG_REANCHOR_COST_PROFILE"  # a `bench cost` profile: the batch-aware node budget
-UNSERVED_FIELDS = {  # the reference engine's only, and why
-    "verify_threshold": "the SGLang worker verifies trees of a fixed width, so a cut row saves no verify work",
-}
 
 
 def parse_config(text: str) -> ReAnchorConfig:
@@ -54,11 +51,9 @@ def parse_config(text: str) -> ReAnchorConfig:
     >>> parse_config('{"ofsets": [1]}')
     Traceback (most recent call last):
     ...
-    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, draft_slots, branch_width, branch_rows, branch_length, branch_temperature, draft_vocab, max_requests, seed
-    >>> parse_config('{"verify_threshold": 0.3}')  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: SGLANG_REANCHOR_CONFIG: 'verify_threshold' is not served (the SGLang worker verifies trees of a fixed width, ...
+    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, max_depth, draft_slots, branch_width, branch_rows, branch_length, branch_temperature, draft_vocab, verify_threshold, max_requests, seed
+    >>> parse_config('{"verify_threshold": 0.3}').verify_threshold
+    0.3
     """
     source = text.strip()
     if not source.startswith("{"):
@@ -72,11 +67,8 @@ def parse_config(text: str) -> ReAnchorConfig:
         raise ValueError(f"{ENV_VAR}: invalid JSON ({err})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{ENV_VAR}: expected a JSON object, got {type(raw).__name__}")
-    names = [f.name for f in fields(ReAnchorConfig) if f.name not in UNSERVED_FIELDS]
+    names = [f.name for f in fields(ReAnchorConfig)]
     for key in raw:
-        if key in UNSERVED_FIELDS:
-            raise ValueError(f"{ENV_VAR}: {key!r} is not served ({UNSERVED_FIELDS[key]}); "
-                             f"fields are {', '.join(names)}")
         if key not in names:
             raise ValueError(f"{ENV_VAR}: unknown field {key!r}; fields are {', '.join(names)}")
     if isinstance(raw.get("offsets"), list):
@@ -91,12 +83,12 @@ def load_config(environ: Mapping[str, str] | None = None) -> ReAnchorConfig:
 
 
 def config_json(config: ReAnchorConfig) -> str:
-    """``config`` as the JSON object `parse_config` reads back (the served fields only).
+    """``config`` as the JSON object `parse_config` reads back.
 
     >>> parse_config(config_json(ReAnchorConfig(offsets=(1,), node_budget=6))) == ReAnchorConfig(offsets=(1,), node_budget=6)
     True
     """
-    raw = {f.name: getattr(config, f.name) for f in fields(ReAnchorConfig) if f.name not in UNSERVED_FIELDS}
+    raw = {f.name: getattr(config, f.name) for f in fields(ReAnchorConfig)}
     return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in raw.items()}, sort_keys=True)
 
 
@@ -117,9 +109,9 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
     """The config to serve (module docstring): ``$SGLANG_REANCHOR_CONFIG`` when set, else by device.
 
     ``dtype``: what the target runs in (``"float32"``, ``"bfloat16"``, ...); ``drafter_folder``: a
-    local folder (a hub id ships nothing); ``tp_size`` > 1 drops the shipped choice's ``draft_vocab``
-    and branching, ``full_vocab_only`` (a Domino or DSpark drafter) its ``draft_vocab``, which those
-    servers do not run;
+    local folder (a hub id ships nothing); ``tp_size`` > 1 drops the shipped choice's ``draft_vocab``,
+    branching and ``verify_threshold``, ``full_vocab_only`` (a Domino or DSpark drafter) its
+    ``draft_vocab``, which those servers do not run;
     ``packed_linears``: the server packs its float32 linears (`packed_linears`), and budgets its
     batches with the entry's profile measured so (``served.cost_profile_packed``) where it has one.
 
@@ -151,9 +143,8 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
     # the user's ($SGLANG_REANCHOR_COST_PROFILE) replaces them
     own_profile = bool(env.get(COST_PROFILE_ENV, "").strip())
     config = choice.config if own_profile else (choice.served or choice.config)
-    config = config.replace(**{name: None for name in UNSERVED_FIELDS})  # the reference engine's only
-    if tp_size != 1:
-        config = config.replace(draft_vocab=None, branch_width=0)
+    if tp_size != 1:  # what reads the whole LM head on one rank (the worker's `_check_tp`)
+        config = config.replace(draft_vocab=None, branch_width=0, verify_threshold=None)
     if full_vocab_only:
         config = config.replace(draft_vocab=None)
     speed = (f" ({choice.tokens_per_s:g} tokens/s against {choice.plain_tokens_per_s:g} plain in the reference engine)"

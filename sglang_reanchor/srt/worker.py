@@ -66,7 +66,7 @@ from ..budget import BatchBudget
 from ..drafter.domino import DominoHead
 from ..drafter.draft_vocab import DraftVocabHead, load_draft_vocab
 from ..drafter.dspark import DSparkHead
-from ..drafter.heads import RolloutHead
+from ..drafter.heads import RolloutHead, chosen_prob
 from ..round import CommitPlan, DraftAnchors, RoundCore
 from ..suffix import SuffixBatch, SuffixStore
 from ..tree import DraftTree
@@ -171,17 +171,21 @@ class ReAnchorWorker(DFlashWorkerV2):
         self._sample_rng = torch.Generator(device=self.device).manual_seed(self.reanchor.seed)
         # the trace: one line per request per round, written by TP rank 0 (every rank drafts the same tree)
         self._trace_path = os.environ.get(TRACE_ENV, "") if int(get_parallel().tp_rank) == 0 else ""
-        self._family_branch_head: RolloutHead | None = None  # a Domino / DSpark head that branches (below)
+        # the project's Domino / DSpark rollout where the round reads what SGLang's rollouts do not return:
+        # the scores branching picks runner-ups from, the probabilities verify_threshold cuts by (below)
+        self._family_head: RolloutHead | None = None
+        self._with_probs = self.reanchor.verify_threshold is not None
         if self._is_domino or self._is_dspark:
             family = "Domino" if self._is_domino else "DSpark"
             if self.reanchor.draft_vocab is not None:
                 raise ValueError(f"REANCHOR with a {family} drafter: draft_vocab is not served; set it to null "
                                  f"({family}'s rollout corrects drafts over the whole vocabulary, slot after slot)")
-            if self.reanchor.branch_width:  # branches read the corrected scores SGLang's rollouts do not return
-                self._family_branch_head = self._own_family_head()
+            if self.reanchor.branch_width or self._with_probs:
+                self._family_head = self._own_family_head()
             if self.reanchor.draft_slots is not None:
                 raise ValueError(f"REANCHOR with a {family} drafter: draft_slots is not served (its head is built "
                                  "for whole blocks); set it to null")
+        self._check_tp(server_args)
         self._draft_vocab = self._load_draft_vocab(server_args)  # token ids [K] or None
         self._draft_vocab_head: DraftVocabHead | None = None  # built at the first draft (the LM head exists then)
         self._pack_linears = packs_linears_here()  # the draft-vocabulary head packed like the models' linears
@@ -293,9 +297,9 @@ class ReAnchorWorker(DFlashWorkerV2):
         """The 1 + R blocks of every request in one drafter forward, merged into the tree."""
         anchors = self.core.anchors(batch.spec_info.bonus_tokens.view(-1), rnd.prefix, rnd.suffix,
                                     int(self._mask_token_id))
-        blocks, anchors, logits = self._draft(batch, rnd, anchors)
+        blocks, anchors, logits, probs = self._draft(batch, rnd, anchors)
         tree = self.core.tree(blocks, anchors, rnd.suffix, rnd.budget, baseline_logits=logits,
-                              token_ids=self._draft_vocab)
+                              token_ids=self._draft_vocab, draft_probs=probs)
         if self._trim_trees:
             tree = tree.trimmed()
         # room lives on the host (from seq_lens_cpu): these checks read no device memory
@@ -468,45 +472,51 @@ class ReAnchorWorker(DFlashWorkerV2):
                                     candidates=tuple(b for b in (2, 4, 8, 16, 32) if b < top) + (top,))
 
     def _draft(self, batch: Any, rnd: _Round,
-               anchors: DraftAnchors) -> tuple[torch.Tensor, DraftAnchors, torch.Tensor | None]:
+               anchors: DraftAnchors) -> tuple[torch.Tensor, DraftAnchors, torch.Tensor | None, torch.Tensor | None]:
         """One drafter forward over the 1 + R blocks of every request with room to draft
         (``rnd.room.drafted``, ``[bs]`` bool on the host).
 
         Returns ``blocks [bs, 1+R, 1+n]`` long, ``n`` drafts per block (``B - 1``, or ``max_depth``:
         deeper nodes are never verified), the anchors with ``row_valid`` False for a request not
-        drafted (its blocks are ``[anchor, MASK...]`` and its tree is cut to the root), and with
-        branching the baseline block's logits at its slots ``1 .. n`` (``[bs, n, V']``; else None).
+        drafted (its blocks are ``[anchor, MASK...]`` and its tree is cut to the root), with
+        branching the baseline block's logits at its slots ``1 .. n`` (``[bs, n, V']``; else None), and
+        with ``verify_threshold`` the drafter's probability of each draft (``[bs, 1+R, n]``; else None).
         """
         drafted, prefix, seq_lens_cpu, suffix = rnd.room.drafted, rnd.prefix, rnd.seq_lens_cpu, rnd.suffix
         if bool(drafted.all()):
-            blocks, logits = self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu,
-                                              anchors, suffix)
-            return blocks, anchors, logits
+            blocks, logits, probs = self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu,
+                                                     anchors, suffix)
+            return blocks, anchors, logits, probs
         bs, rows = anchors.tokens.shape
         blocks = torch.full((bs, rows, 1 + self._num_drafts), int(self._mask_token_id), dtype=torch.long,
                             device=prefix.device)
         blocks[:, :, 0] = anchors.tokens
-        logits = None
+        logits = probs = None
+        if self._with_probs:  # requests not drafted verify their root alone: any probabilities do
+            probs = torch.zeros(bs, rows, self._num_drafts, device=prefix.device)
         if bool(drafted.any()):  # the context end: an eager path (host indices)
             host = drafted.nonzero().squeeze(1)
             idx = host.to(prefix.device)
             part = DraftAnchors(*(getattr(anchors, f)[idx] for f in DraftAnchors.__dataclass_fields__))
             part_suffix = SuffixBatch(*(getattr(suffix, f)[idx] for f in SuffixBatch.__dataclass_fields__))
-            blocks[idx], part_logits = self._draft_rows(batch.req_pool_indices[idx], prefix[idx],
-                                                        batch.seq_lens[idx], seq_lens_cpu[host], part, part_suffix)
+            blocks[idx], part_logits, part_probs = self._draft_rows(
+                batch.req_pool_indices[idx], prefix[idx], batch.seq_lens[idx], seq_lens_cpu[host], part, part_suffix)
+            if probs is not None and part_probs is not None:
+                probs[idx] = part_probs
             if part_logits is not None:  # requests not drafted verify their root alone: any logits do
                 logits = part_logits.new_zeros(bs, *part_logits.shape[1:])
                 logits[idx] = part_logits
         if logits is None and self.reanchor.branch_width:
             logits = torch.zeros(bs, self._num_drafts, 2, device=prefix.device)
         valid = anchors.row_valid & drafted.to(prefix.device)[:, None]
-        return blocks, DraftAnchors(anchors.tokens, anchors.positions, anchors.visible, valid), logits
+        return blocks, DraftAnchors(anchors.tokens, anchors.positions, anchors.visible, valid), logits, probs
 
     def _draft_rows(self, slots: torch.Tensor, prefix: torch.Tensor, seq_lens: torch.Tensor,
                     seq_lens_cpu: torch.Tensor, anchors: DraftAnchors,
-                    suffix: SuffixBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    suffix: SuffixBatch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The drafter forward for ``bs'`` requests (all ``[bs']``-leading; ``seq_lens_cpu`` on the host):
-        their blocks, and with branching the baseline block's slot logits (`_draft`)."""
+        their blocks, with branching the baseline block's slot logits, with ``verify_threshold`` the
+        drafts' probabilities (`_draft`)."""
         bs, block = prefix.shape[0], self.widths.block_size  # draft_slots, or the drafter's whole block
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         translator = self.target_worker.model_runner.kv_index_translator
@@ -572,35 +582,60 @@ class ReAnchorWorker(DFlashWorkerV2):
             hidden = out.logits_output.hidden_states.view(bs, -1, block, out.logits_output.hidden_states.shape[-1])
             n = self._num_drafts  # the LM head skips the slots past max_depth
             block_anchors = ids.view(bs, -1, block)[:, :, 0]
-            logits = None
-            if self._family_branch_head is not None:  # the project's rollout (equal to SGLang's), with its scores
-                drafts, _, logits = self._family_branch_head.rollout_with_scores(
-                    hidden, block_anchors, embed_tokens=embed, lm_head=lm_head, num_drafts=n,
-                    vocab_size=int(self.target_worker.model_runner.model_config.vocab_size))
+            logits = probs = None
+            vocab = int(self.target_worker.model_runner.model_config.vocab_size)
+            if self._family_head is not None:  # the project's rollout (equal to SGLang's), scores and probabilities
+                if self.reanchor.branch_width:
+                    drafts, probs, logits = self._family_head.rollout_with_scores(
+                        hidden, block_anchors, embed_tokens=embed, lm_head=lm_head, num_drafts=n, vocab_size=vocab,
+                        with_probs=self._with_probs)
+                else:
+                    drafts, probs = self._family_head.rollout_with_probs(
+                        hidden, block_anchors, embed_tokens=embed, lm_head=lm_head, num_drafts=n, vocab_size=vocab)
             elif self._is_domino:  # every block rolled out from its own anchor by SGLang's Domino rollout
                 drafts = self._domino_drafts(hidden, block_anchors, embed, lm_head)[:, :, :n]
             elif self._is_dspark:  # ... by SGLang's DSpark Markov rollout
                 drafts = self._dspark_drafts(hidden, block_anchors, embed, lm_head, n)
             else:
-                drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head)
+                slots = hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1])
+                if self._with_probs:
+                    drafts, probs = self._drafts_and_probs(slots, lm_head)
+                    probs = probs.view(bs, -1, n)
+                else:
+                    drafts = self._greedy_drafts(slots, lm_head)
                 drafts = drafts.view(bs, -1, n)
                 if self.reanchor.branch_width:
                     logits = self._branch_logits(hidden[:, 0, 1:1 + n], lm_head)
-        return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2), logits
+        return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2), logits, probs
+
+    def _drafts_and_probs(self, hidden: torch.Tensor, lm_head: Any,
+                          chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+        """DFlash's draft of each row of ``hidden`` (``[M, H]``) and the drafter's softmax probability of it
+        (``[M]`` long, ``[M]`` float32; what ``verify_threshold`` cuts by), over the draft vocabulary or the
+        target's real one, as the engine's `ArgmaxHead` scores them; ``chunk`` rows at a time, so that no
+        more than ``chunk x V`` logits exist at once. ``--tp-size 1`` only (`_check_tp`)."""
+        ids, probs = [], []
+        for part in hidden.split(chunk):
+            scores = self._branch_logits(part, lm_head).float()  # [m, V']
+            best = scores.argmax(-1)
+            ids.append(best if self._draft_vocab_head is None else self._draft_vocab_head.token_ids[best])
+            probs.append(chosen_prob(scores))
+        return torch.cat(ids), torch.cat(probs)
 
     def _branch_logits(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
         """The drafter's logits for branching (``hidden [bs, n, H]`` -> ``[bs, n, V']``): over the draft
         vocabulary, or over the target's real vocabulary (an SGLang head pads its rows)."""
-        if self._draft_vocab_head is not None:
-            return self._draft_vocab_logits(hidden)
+        if self._draft_vocab is not None:
+            return self._draft_vocab_logits(hidden, lm_head)
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         return torch.nn.functional.linear(hidden.to(lm_head.weight.dtype), lm_head.weight[:vocab])
 
     def _own_family_head(self) -> RolloutHead:
         """The project's `DominoHead` / `DSparkHead` over SGLang's loaded modules (shared, not copied):
         its rollout equals SGLang's (tests_sglang/test_drafter_families.py) and also returns the scores
-        each draft was the argmax of, which branching reads and SGLang's rollouts do not return.
-        Branching runs at ``--tp-size 1`` only (`_load_draft_vocab`), where no rollout needs a TP sync."""
+        each draft was the argmax of (branching) and its probability (``verify_threshold``), which
+        SGLang's rollouts do not return. Both run at ``--tp-size 1`` only (`_check_tp`), where no
+        rollout needs a TP sync."""
         model = self.draft_model
         if self._is_domino:
             return DominoHead(model.prefix_gru, model.embed_proj, bool(model.shift_label),
@@ -657,29 +692,37 @@ class ReAnchorWorker(DFlashWorkerV2):
         DFlash's), or over the configured draft vocabulary (``draft_vocab``). ``[M]`` long."""
         if self._draft_vocab is None:
             return self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=lm_head)
-        if self._draft_vocab_head is None:
-            self._draft_vocab_head = DraftVocabHead(lm_head, self._draft_vocab)
-        return self._draft_vocab_head.token_ids[self._draft_vocab_logits(hidden).argmax(-1)]
+        logits = self._draft_vocab_logits(hidden, lm_head)
+        assert self._draft_vocab_head is not None
+        return self._draft_vocab_head.token_ids[logits.argmax(-1)]
 
-    def _draft_vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The draft-vocabulary head on ``hidden [.., H]`` -> ``[.., K]``: through oneDNN's packed
-        kernel where this server packs its linears (`packed_linears`), as the LM head would run."""
+    def _draft_vocab_logits(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
+        """The draft-vocabulary head on ``hidden [.., H]`` -> ``[.., K]`` (built over ``lm_head`` at the first
+        draft, when it exists): through oneDNN's packed kernel where this server packs its linears
+        (`packed_linears`), as the LM head would run."""
+        if self._draft_vocab_head is None:
+            assert self._draft_vocab is not None
+            self._draft_vocab_head = DraftVocabHead(lm_head, self._draft_vocab)
         head = self._draft_vocab_head
-        assert head is not None
         x = hidden.to(head.weight.dtype)
         packed = packed_linear_or_none(head, head.weight, x, head.bias) if self._pack_linears else None
         return head(x) if packed is None else packed
 
+    def _check_tp(self, server_args: Any) -> None:
+        """What reads the whole LM head on one rank: refused at ``--tp-size`` > 1, naming the field."""
+        if int(getattr(server_args, "tp_size", 1) or 1) == 1:
+            return
+        for field, value in (("branch_width", self.reanchor.branch_width), ("draft_vocab", self.reanchor.draft_vocab),
+                             ("verify_threshold", self.reanchor.verify_threshold)):
+            if value:
+                raise ValueError(f"REANCHOR {field} needs --tp-size 1 (it reads the whole LM head, split across "
+                                 f"ranks at TP > 1); set it to {0 if field == 'branch_width' else 'null'}")
+
     def _load_draft_vocab(self, server_args: Any) -> torch.Tensor | None:
         """``draft_vocab``: the ``K`` most frequent tokens of the drafter folder's ranking, or None."""
-        tp = int(getattr(server_args, "tp_size", 1) or 1)
-        if self.reanchor.branch_width and tp != 1:
-            raise ValueError("REANCHOR branch_width needs --tp-size 1 (the LM head is split across ranks at TP > 1)")
         k = self.reanchor.draft_vocab
         if k is None:
             return None
-        if tp != 1:
-            raise ValueError("REANCHOR draft_vocab needs --tp-size 1 (the LM head is split across ranks at TP > 1)")
         return load_draft_vocab(server_args.speculative_draft_model_path, k).to(self.device)
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor,
