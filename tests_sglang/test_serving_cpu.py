@@ -77,6 +77,19 @@ def serve(root: Path, algorithm: str, rounds: list, config: str | None, trace: P
     raise AssertionError(f"engine failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
 
 
+def family_drafter(family: str, target, drafter, markov_head_type: str):
+    """The pair's DFlash ``drafter``, or for ``"domino"`` / ``"dspark"`` a tiny drafter of that family over
+    ``target`` with the same 8-slot query window (a DSpark head of ``markov_head_type``, DFlash's layout)."""
+    from factories import tiny_domino_drafter, tiny_dspark_drafter
+
+    if family == "domino":
+        return tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
+    if family == "dspark":
+        return tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2], seed=6,
+                                   markov_head_type=markov_head_type, markov_rank=5, sample_from_anchor=False)
+    return drafter
+
+
 def pair_with_drafter(root: Path, folder: Path, drafter) -> Path:
     """``folder`` holding the pair's target (a link) and ``drafter`` (saved): a pair for `serve`."""
     folder.mkdir()
@@ -214,14 +227,8 @@ def test_two_tp_ranks_serve_plain_sglangs_tokens(pair, plain_tp2, tmp_path, fami
     gather the vocab-parallel logits themselves), and every rank drafts the same tree (the
     trace of rank 0 equals the reference engine's rounds); and with every round the root alone
     (the worker's decode step, `_decode_roots`, over the vocab-parallel LM head)."""
-    from factories import tiny_domino_drafter, tiny_dspark_drafter
-
     root, target, drafter = pair
-    if family == "domino":
-        drafter = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
-    elif family == "dspark":
-        drafter = tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2], seed=6, markov_head_type="gated",
-                                      markov_rank=5, sample_from_anchor=False)
+    drafter = family_drafter(family, target, drafter, markov_head_type="gated")
     spec_root = root if family in ("dflash", "roots-alone") else pair_with_drafter(root, tmp_path / family, drafter)
     trace = tmp_path / "trace.jsonl"
     config = '{"policy": "offset", "batch_node_budget": 1}' if family == "roots-alone" else '{"policy": "offset"}'
@@ -325,14 +332,8 @@ def test_a_confidence_cut_serves_the_reference_engines_trees(pair, tmp_path, fam
     (DFlash's LM head, over the draft vocabulary too; a Domino / DSpark head's corrected scores). On a
     CPU the worker trims each tree to its real nodes, so the cut is verify work saved. Tokens, taus and
     verified nodes per round equal the engine's; the trees are narrower than uncut ones."""
-    from factories import tiny_domino_drafter, tiny_dspark_drafter
-
     root, target, drafter = pair
-    if family == "domino":
-        drafter = tiny_domino_drafter(target, block_size=8, target_layer_ids=[0, 2], seed=5)
-    elif family == "dspark":
-        drafter = tiny_dspark_drafter(target, block_size=7, target_layer_ids=[0, 2], seed=6, markov_head_type="rnn",
-                                      markov_rank=5, sample_from_anchor=False)
+    drafter = family_drafter(family, target, drafter, markov_head_type="rnn")
     served_root = root if family == "dflash" else pair_with_drafter(root, tmp_path / family, drafter)
     trace = tmp_path / "trace.jsonl"
     got = serve(served_root, "REANCHOR", ROUNDS[:1], config, trace)
