@@ -170,7 +170,8 @@ def test_seeded_node_picks_ignore_the_batch_around_them():
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="SGLang's --enable-deterministic-inference needs CUDA/XPU (batch-invariant ops)")
 def test_a_seeded_request_is_reproducible_whatever_the_batch_and_the_tree(pair):
-    """Under --enable-deterministic-inference (where plain SGLang honours sampling_seed)."""
+    """Under --enable-deterministic-inference (where plain SGLang honours sampling_seed): the same tokens
+    alone or batched, from offset trees, DFlash's chain and trees cut by confidence."""
     root, _, _ = pair
     prompt = PROMPTS["a"][0]
 
@@ -185,7 +186,10 @@ def test_a_seeded_request_is_reproducible_whatever_the_batch_and_the_tree(pair):
     engine = {"enable_deterministic_inference": True}
     tree = serve(root, "REANCHOR", rounds, OFFSET, None, engine_args=engine)
     chain = serve(root, "REANCHOR", rounds, '{"offsets": []}', None, engine_args=engine)  # DFlash's chain
+    cut = serve(root, "REANCHOR", rounds, OFFSET[:-1] + ', "verify_threshold": 0.05}', None,  # trees cut by confidence
+                engine_args=engine)
     assert tree["alone"]["output_ids"] == tree["batched"]["output_ids"] == chain["alone"]["output_ids"]
+    assert cut["alone"]["output_ids"] == cut["batched"]["output_ids"] == tree["alone"]["output_ids"]
     assert tree["seed8"]["output_ids"] != tree["alone"]["output_ids"]
 
 
