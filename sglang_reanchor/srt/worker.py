@@ -596,35 +596,41 @@ class ReAnchorWorker(DFlashWorkerV2):
                 drafts = self._domino_drafts(hidden, block_anchors, embed, lm_head)[:, :, :n]
             elif self._is_dspark:  # ... by SGLang's DSpark Markov rollout
                 drafts = self._dspark_drafts(hidden, block_anchors, embed, lm_head, n)
+            elif self.reanchor.branch_width or self._with_probs:  # scores read on this rank (TP 1)
+                drafts, probs, logits = self._scored_drafts(hidden[:, :, 1:1 + n], lm_head)
             else:
-                slots = hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1])
-                if self._with_probs:
-                    drafts, probs = self._drafts_and_probs(slots, lm_head)
-                    probs = probs.view(bs, -1, n)
-                else:
-                    drafts = self._greedy_drafts(slots, lm_head)
+                drafts = self._greedy_drafts(hidden[:, :, 1:1 + n].reshape(-1, hidden.shape[-1]), lm_head)
                 drafts = drafts.view(bs, -1, n)
-                if self.reanchor.branch_width:
-                    logits = self._branch_logits(hidden[:, 0, 1:1 + n], lm_head)
         return torch.cat([ids.view(bs, -1, block)[:, :, :1], drafts], dim=2), logits, probs
 
-    def _drafts_and_probs(self, hidden: torch.Tensor, lm_head: Any,
-                          chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-        """DFlash's draft of each row of ``hidden`` (``[M, H]``) and the drafter's softmax probability of it
-        (``[M]`` long, ``[M]`` float32; what ``verify_threshold`` cuts by), over the draft vocabulary or the
-        target's real one, as the engine's `ArgmaxHead` scores them; ``chunk`` rows at a time, so that no
-        more than ``chunk x V`` logits exist at once. ``--tp-size 1`` only (`_check_tp`)."""
-        ids, probs = [], []
-        for part in hidden.split(chunk):
-            scores = self._branch_logits(part, lm_head).float()  # [m, V']
+    def _scored_drafts(self, slots: torch.Tensor, lm_head: Any,
+                       chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """DFlash's drafts of ``slots`` (``[bs, R', n, H]``: each block's draft slots) from one LM-head pass,
+        as the engine's `ArgmaxHead` scores them (over the draft vocabulary or the target's real one), with
+        what the round reads besides: ``verify_threshold``'s probability of each draft (``[bs, R', n]``
+        float32, else None) and branching's baseline logits (``[bs, n, V']``, else None). The baseline's
+        rows go first, in one piece when branching keeps them; the rest ``chunk`` rows at a time, so that
+        no more than ``chunk x V'`` other logits exist at once. ``--tp-size 1`` only (`_check_tp`)."""
+        bs, rows, n, dim = slots.shape
+        by_row = slots.transpose(0, 1).reshape(-1, dim)  # [R' * bs * n, H]: the baseline's rows first
+        kept = bs * n if self.reanchor.branch_width else 0
+        pieces = ([by_row[:kept]] if kept else []) + list(by_row[kept:].split(chunk))
+        ids, probs, baseline = [], [], None
+        for part in pieces:
+            scores = self._draft_logits(part, lm_head)  # [m, V']
+            if baseline is None and kept:
+                baseline = scores.view(bs, n, -1)
             best = scores.argmax(-1)
             ids.append(best if self._draft_vocab_head is None else self._draft_vocab_head.token_ids[best])
-            probs.append(chosen_prob(scores))
-        return torch.cat(ids), torch.cat(probs)
+            if self._with_probs:
+                probs.append(chosen_prob(scores))
+        drafts = torch.cat(ids).view(rows, bs, n).transpose(0, 1)
+        prob = torch.cat(probs).view(rows, bs, n).transpose(0, 1) if self._with_probs else None
+        return drafts, prob, baseline
 
-    def _branch_logits(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
-        """The drafter's logits for branching (``hidden [bs, n, H]`` -> ``[bs, n, V']``): over the draft
-        vocabulary, or over the target's real vocabulary (an SGLang head pads its rows)."""
+    def _draft_logits(self, hidden: torch.Tensor, lm_head: Any) -> torch.Tensor:
+        """The drafter's logits (``hidden [.., H]`` -> ``[.., V']``): over the draft vocabulary, or over the
+        target's real vocabulary (an SGLang head pads its rows)."""
         if self._draft_vocab is not None:
             return self._draft_vocab_logits(hidden, lm_head)
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
