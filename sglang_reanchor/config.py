@@ -60,6 +60,13 @@ class ReAnchorConfig:
         range where nodes are nearly free. None: ``node_budget`` per request at every
         batch size. The reference engine runs batch 1: it keeps
         ``min(node_budget, batch_node_budget)``.
+    disable_by_batch_size:
+        A batch of at least this many requests verifies every root alone (SGLang
+        serving): a plain decode step, no drafter forward, as vLLM's speculative
+        ``disable_by_batch_size`` does. For machines where a drafter forward and a
+        few-node verify per request cost more at batch than the tokens they buy
+        (a CPU serving a small target); None: draft at every batch size. The
+        reference engine runs batch 1: ``1`` makes it decode plainly.
     max_depth:
         The deepest draft depth sent to verification (the root is depth 0), for
         the baseline chain and the shifted rows alike; None verifies the whole
@@ -115,6 +122,7 @@ class ReAnchorConfig:
     node_budget: int = 48
     region: Region = "all"
     batch_node_budget: int | None = None
+    disable_by_batch_size: int | None = None
     max_depth: int | None = None
     draft_slots: int | None = None
     branch_width: int = 0
@@ -154,9 +162,10 @@ class ReAnchorConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ReAnchorConfig.{name} must be an int >= 1, got {value!r}")
-        value = self.batch_node_budget
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"ReAnchorConfig.batch_node_budget must be None or an int >= 1, got {value!r}")
+        for name in ("batch_node_budget", "disable_by_batch_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"ReAnchorConfig.{name} must be None or an int >= 1, got {value!r}")
         if self.max_depth is not None and (
             isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1
         ):

@@ -23,6 +23,9 @@ from sglang_reanchor import ReAnchorConfig, RejectedSuffix, SuffixStore
         (dict(node_budget=True), "node_budget"),
         (dict(max_requests=0), "max_requests"),
         (dict(seed="x"), "seed"),
+        (dict(batch_node_budget=0), "batch_node_budget"),
+        (dict(disable_by_batch_size=0), "disable_by_batch_size"),
+        (dict(disable_by_batch_size=2.0), "disable_by_batch_size"),
     ],
 )
 def test_invalid_settings_name_the_field(changes, field):

@@ -156,19 +156,20 @@ def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config,
 
 
 def test_batch_node_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
-    """``batch_node_budget`` caps each request at its share of the batch's verify nodes:
-    3 requests together verify 5 // 3 = 1 node each (the root: no drafting at all), 2 requests
-    2 each (the root and one chain draft), a request alone up to 5; the tokens stay the
-    reference engine's greedy ones."""
+    """``batch_node_budget`` caps each request at its share of the batch's verify nodes, and
+    ``disable_by_batch_size`` stops drafting from a batch size on: 3 requests together verify
+    their roots alone (a plain decode step, where their share 7 // 3 = 2 would verify a draft),
+    2 requests 3 nodes each, a request alone up to 7; the tokens stay the reference engine's
+    greedy ones."""
     root, target, drafter = pair
     trace = tmp_path / "trace.jsonl"
-    config = '{"policy": "offset", "batch_node_budget": 5}'
+    config = '{"policy": "offset", "batch_node_budget": 7, "disable_by_batch_size": 3}'
     got = serve(root, "REANCHOR", ROUNDS[:2], config, trace)
     reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
     for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:
         assert got[rid]["output_ids"] == reference.generate(prompt, n, method="reanchor").tokens, rid
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert all(r["nodes"] <= max(1, 5 // r["batch"]) for r in rows), rows
+    assert all(r["nodes"] <= max(1, 7 // r["batch"]) for r in rows), rows
     assert {r["batch"] for r in rows} >= {1, 3}  # both regimes ran
     assert all(r["nodes"] == 1 and r["tau"] == 1 for r in rows if r["batch"] == 3)  # plain decoding steps
     assert max(r["nodes"] for r in rows if r["batch"] == 1) > 2  # alone, a request keeps a tree

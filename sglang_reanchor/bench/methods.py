@@ -58,7 +58,7 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "table7_fixed_offset": ("reanchor:policy=offset",),
 }
 _INT_FIELDS = {"node_budget", "max_requests", "seed", "max_depth", "draft_slots", "batch_node_budget",
-               "branch_width", "branch_rows", "branch_length"}
+               "disable_by_batch_size", "branch_width", "branch_rows", "branch_length"}
 _FLOAT_FIELDS = {"branch_temperature", "verify_threshold"}
 _CHAIN_FIELDS = {"max_depth", "draft_slots", "verify_threshold"}  # settings that apply to DFlash's chain too
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")

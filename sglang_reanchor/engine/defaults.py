@@ -82,11 +82,13 @@ MEASURE_PROMPTS: tuple[str, ...] = (
 )
 # in a drafter folder: {"entries": [{"key": ..., "config": ..., "served": {"config": {...}, "cost_profile": ...,
 # "measured": ...}}]}; "served" (optional) holds what an SGLang server changes on top of "config" (the
-# engine's choice, measured one request at a time), measured under load: batch_node_budget, or a cost
+# engine's choice, measured one request at a time), measured under load: batch_node_budget and
+# disable_by_batch_size (`SERVED_FIELDS`), or a cost
 # profile of this machine kind (a file in the folder) for the batch-aware budget (`budget.BatchBudget`),
 # and "cost_profile_packed", one measured with packed linears, for servers that pack them
 # ($SGLANG_REANCHOR_PACK_LINEARS, `srt.packed_linears`)
 SHIPPED_FILE = "device_defaults.json"
+SERVED_FIELDS = ("batch_node_budget", "disable_by_batch_size")  # what an entry's served.config may set
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,10 @@ def shipped_choice(folder: Path | None, key: dict[str, object]) -> DeviceChoice 
     for entry in json.loads(file.read_text())["entries"]:
         if entry["key"] == key:
             config, served = _config(entry["config"]), entry.get("served") or {}
-            unknown = sorted(set(served.get("config", {})) - {"batch_node_budget"})
+            unknown = sorted(set(served.get("config", {})) - set(SERVED_FIELDS))
             if unknown:
-                raise ValueError(f"{file}: an entry's served.config may set batch_node_budget only, got {unknown}")
+                raise ValueError(f"{file}: an entry's served.config may set {' and '.join(SERVED_FIELDS)} only, "
+                                 f"got {unknown}")
             profiles: dict[str, Path | None] = {}
             for name in ("cost_profile", "cost_profile_packed"):
                 profile = folder / served[name] if served.get(name) else None

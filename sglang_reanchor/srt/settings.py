@@ -168,6 +168,8 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
         config = config.replace(batch_node_budget=config.node_budget)
         speed += (f", batch_node_budget {config.node_budget} for batches (the tree's own size: the entry has "
                   "nothing measured under load)")
+    if not own_profile and config.disable_by_batch_size is not None:
+        speed += f", the roots alone from {config.disable_by_batch_size} requests on {where}"
     return ServedConfig(config, "shipped", f"the drafter folder's defaults for this CPU{speed}", profile)
 
 

@@ -111,7 +111,7 @@ class _Round:
     seq_lens_cpu: torch.Tensor  # [bs]: the same on the host
     max_prefix: int  # host: the longest prefix (FULL_MASK offsets are computed on the device below it)
     prefix_sum: int  # host: the prefixes' sum (FULL_MASK's size)
-    suffix: SuffixBatch  # each request's rejected suffix
+    suffix: SuffixBatch | None  # each request's rejected suffix (None: the roots alone read none)
     budget: int  # tree nodes per request this round
     room: RoundRoom  # host: what the row's end leaves for the window and the tree
     expected: dict[int, float] | None = None  # traced: the cost budget's tokens/s per budget at its choice
@@ -257,7 +257,8 @@ class ReAnchorWorker(DFlashWorkerV2):
             emitted_hidden_states(verified.logits_output, commit, rnd.bs, verified.width)
             if batch.return_hidden_states else None)
         if self._trace_path:
-            write_trace(self._trace_path, batch, tree, acc, rnd.suffix.lengths,
+            suffix_lens = rnd.suffix.lengths if rnd.suffix is not None else torch.zeros_like(rnd.prefix)
+            write_trace(self._trace_path, batch, tree, acc, suffix_lens,
                         RoundTiming(rnd.budget, start, time.perf_counter() - start, rnd.expected))
         if self._time_rounds and self._batch_budget is not None:
             self._batch_budget.record_seconds(rnd.bs, rnd.budget, time.perf_counter() - start)
@@ -281,9 +282,11 @@ class ReAnchorWorker(DFlashWorkerV2):
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else prefix.cpu()
         row_width = int(self.model_runner.req_to_token_pool.req_to_token.shape[1])
         self.suffixes.retain_only(slots)  # finished, aborted, retracted requests left the batch
-        suffix = self.suffixes.gather(slots, prefix)
-        # near the row's end the window and the tree shrink to the columns left (context_end)
         budget = self._round_node_budget(bs)
+        # roots alone draft nothing and reject nothing: the suffixes stay, and their starts no longer
+        # match the requests' prefixes after this round (`SuffixStore.gather` then finds none)
+        suffix = self.suffixes.gather(slots, prefix) if budget > 1 else None
+        # near the row's end the window and the tree shrink to the columns left (context_end)
         expected = (self._batch_budget.expected_rates(bs)
                     if self._trace_path and self._batch_budget is not None else None)
         room = round_room(seq_lens_cpu, row_width, self.widths.draft_columns, budget)
@@ -295,6 +298,7 @@ class ReAnchorWorker(DFlashWorkerV2):
 
     def _draft_tree(self, batch: Any, rnd: _Round) -> DraftTree:
         """The 1 + R blocks of every request in one drafter forward, merged into the tree."""
+        assert rnd.suffix is not None  # a round drafts only with a budget > 1 (`round_room`), which gathers it
         anchors = self.core.anchors(batch.spec_info.bonus_tokens.view(-1), rnd.prefix, rnd.suffix,
                                     int(self._mask_token_id))
         blocks, anchors, logits, probs = self._draft(batch, rnd, anchors)
@@ -412,7 +416,8 @@ class ReAnchorWorker(DFlashWorkerV2):
             target_hidden=commit_hidden.reshape(-1, dim), cache_loc=commit_ids.reshape(-1),
             cache_loc_2d=commit_ids, positions=positions.reshape(-1), commit_lens=commit.commit_lens.to(torch.int32),
         )
-        self.suffixes.put(rnd.slots, *self.core.next_suffix(acc, commit, hidden))
+        if verified.width > 1:  # a root alone rejects nothing
+            self.suffixes.put(rnd.slots, *self.core.next_suffix(acc, commit, hidden))
 
     @staticmethod
     def _mask_by_grammar(batch: Any, grammar_tree: Any, logits: torch.Tensor, barrier: Any) -> torch.Tensor:
@@ -436,7 +441,11 @@ class ReAnchorWorker(DFlashWorkerV2):
     def _round_node_budget(self, bs: int) -> int:
         """Tree nodes each of ``bs`` requests may verify this round: ``node_budget``, or what the
         cost profile's `BatchBudget` chooses for ``bs``, or the share of ``batch_node_budget``
-        (at least the root): big batches verify short chains."""
+        (at least the root): big batches verify short chains; from ``disable_by_batch_size`` requests
+        on, the roots alone (a plain decode step)."""
+        limit = self.reanchor.disable_by_batch_size
+        if limit is not None and bs >= limit:
+            return 1
         nodes = self.widths.verify_nodes
         if self._batch_budget is not None:
             return min(nodes, self._batch_budget.choose(bs))
@@ -483,6 +492,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         with ``verify_threshold`` the drafter's probability of each draft (``[bs, 1+R, n]``; else None).
         """
         drafted, prefix, seq_lens_cpu, suffix = rnd.room.drafted, rnd.prefix, rnd.seq_lens_cpu, rnd.suffix
+        assert suffix is not None  # gathered for every round that drafts (`_draft_tree`)
         if bool(drafted.all()):
             blocks, logits, probs = self._draft_rows(batch.req_pool_indices, prefix, batch.seq_lens, seq_lens_cpu,
                                                      anchors, suffix)
