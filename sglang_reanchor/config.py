@@ -61,12 +61,12 @@ class ReAnchorConfig:
         batch size. The reference engine runs batch 1: it keeps
         ``min(node_budget, batch_node_budget)``.
     disable_by_batch_size:
-        A batch of at least this many requests verifies every root alone (SGLang
+        A batch of more than this many requests verifies every root alone (SGLang
         serving): a plain decode step, no drafter forward, as vLLM's speculative
         ``disable_by_batch_size`` does. For machines where a drafter forward and a
         few-node verify per request cost more at batch than the tokens they buy
-        (a CPU serving a small target); None: draft at every batch size. The
-        reference engine runs batch 1: ``1`` makes it decode plainly.
+        (a CPU serving a small target; 1: only a request alone drafts); None: draft
+        at every batch size. The reference engine runs batch 1: it always drafts.
     max_depth:
         The deepest draft depth sent to verification (the root is depth 0), for
         the baseline chain and the shifted rows alike; None verifies the whole

@@ -167,11 +167,11 @@ def test_a_server_takes_the_entrys_served_fields_on_top(pair, tmp_path):
     assert served.config == chosen.replace(batch_node_budget=chosen.node_budget)
     assert "nothing measured under load" in served.note
     # drafting stops from a batch size on: the tree's own size shared below it
-    entry["served"] = {"config": {"disable_by_batch_size": 2}, "measured": "results/y/load"}
+    entry["served"] = {"config": {"disable_by_batch_size": 1}, "measured": "results/y/load"}
     (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
     served = served_config("cpu", "float32", str(tmp_path), environ={})
-    assert served.config == chosen.replace(batch_node_budget=chosen.node_budget, disable_by_batch_size=2)
-    assert "the roots alone from 2 requests on" in served.note and "results/y/load" in served.note
+    assert served.config == chosen.replace(batch_node_budget=chosen.node_budget, disable_by_batch_size=1)
+    assert "the roots alone in batches of more than 1" in served.note and "results/y/load" in served.note
     assert device_config(builder(pair), CPU, torch.float32, tmp_path, "p", None, cache_dir=tmp_path / "c",
                          progress=None).config.disable_by_batch_size is None  # the engine runs batch 1
     entry["served"] = {"config": {"node_budget": 4}}

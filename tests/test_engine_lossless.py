@@ -57,8 +57,7 @@ def make_case(case: int, tmp_path):
     if cut.random() < 1 / 3:
         config = config.replace(max_depth=cut.choice([1, 2, 3, block - 1, block + 2]),
                                 draft_slots=cut.choice([None, 2, 3, block // 2 + 1, block]),
-                                batch_node_budget=cut.choice([None, 1, 3, block]),
-                                disable_by_batch_size=cut.choice([None, 1, 2]))  # batch 1: 1 = the root alone
+                                batch_node_budget=cut.choice([None, 1, 3, block]))
     # and two cases in five branch on the drafter's runner-up tokens (own stream again)
     branch = random.Random(20_000 + case)
     if branch.random() < 0.4:
@@ -89,9 +88,7 @@ def test_speculative_tokens_equal_hf_greedy(case, tmp_path):
         assert result.tokens == expected, (method, config)
         assert len(result.tokens) <= max_new
         if method != "target":
-            # the first token comes from prefill; plain steps (disable_by_batch_size 1) add one each
-            assert sum(result.acceptance_lengths) + result.plain_steps >= len(result.tokens) - 1
-            assert (result.plain_steps > 0) == (config.disable_by_batch_size == 1 and len(result.tokens) > 1)
+            assert sum(result.acceptance_lengths) >= len(result.tokens) - 1  # the first token comes from prefill
             assert all(1 <= t <= 2 * drafter.block_size for t in result.acceptance_lengths)
             assert all(n <= max(config.node_budget, drafter.block_size) for n in result.tree_sizes)
             deepest = config.max_depth or 2 * drafter.block_size  # no tree node lies deeper
@@ -107,8 +104,7 @@ def test_cases_exercise_deep_trees_and_shifted_rows(tmp_path):
     deep = shifted = branched = rounds = 0
     for case in range(NUM_CASES):
         target, drafter, config, prompt, max_new = make_case(case, tmp_path)
-        # the cases' trees uncut (cut ones: the next test), and drafted (disable_by_batch_size 1 decodes plainly)
-        config = config.replace(verify_threshold=None, disable_by_batch_size=None)
+        config = config.replace(verify_threshold=None)  # the cases' trees uncut (cut ones: the next test)
         result = SpeculativeGenerator(target, drafter, config).generate(prompt, max_new, method="reanchor")
         rounds += len(result.acceptance_lengths)
         deep += sum(t >= 4 for t in result.acceptance_lengths)

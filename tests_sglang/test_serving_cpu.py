@@ -157,13 +157,13 @@ def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config,
 
 def test_batch_node_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
     """``batch_node_budget`` caps each request at its share of the batch's verify nodes, and
-    ``disable_by_batch_size`` stops drafting from a batch size on: 3 requests together verify
+    ``disable_by_batch_size`` (2) stops drafting past a batch size: 3 requests together verify
     their roots alone (a plain decode step, where their share 7 // 3 = 2 would verify a draft),
     2 requests 3 nodes each, a request alone up to 7; the tokens stay the reference engine's
     greedy ones."""
     root, target, drafter = pair
     trace = tmp_path / "trace.jsonl"
-    config = '{"policy": "offset", "batch_node_budget": 7, "disable_by_batch_size": 3}'
+    config = '{"policy": "offset", "batch_node_budget": 7, "disable_by_batch_size": 2}'
     got = serve(root, "REANCHOR", ROUNDS[:2], config, trace)
     reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
     for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:

@@ -99,7 +99,7 @@ class GenerationResult:
     shifted_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by shifted rows
     branch_accepts: list[int] = field(default_factory=list)  # per round: accepted nodes made by branches
     rounds: list[RoundTrace] | None = None  # per verify round, only with generate(..., trace=True)
-    plain_steps: int = 0  # plain decode steps run instead of rounds (a `SpeculationGate`, disable_by_batch_size 1)
+    plain_steps: int = 0  # plain decode steps a `SpeculationGate` ran instead of rounds (not in the lists above)
 
     @property
     def seconds(self) -> float:
@@ -366,10 +366,6 @@ class SpeculativeGenerator:
         while not self._finished(out, max_new):
             if proposer is None:
                 out.append(self._decode_one(req, draw))
-                continue
-            if self.config.disable_by_batch_size == 1:  # a batch of one drafts nothing: the target's own step
-                out.append(self._decode_one(req, draw))
-                plain_steps += 1
                 continue
             started = time.perf_counter()
             if gate and not gate.speculate():  # speculation does not pay here: the target's own step

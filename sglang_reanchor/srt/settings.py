@@ -169,7 +169,7 @@ def served_config(device: str, dtype: str, drafter_folder: str | None, tp_size: 
         speed += (f", batch_node_budget {config.node_budget} for batches (the tree's own size: the entry has "
                   "nothing measured under load)")
     if not own_profile and config.disable_by_batch_size is not None:
-        speed += f", the roots alone from {config.disable_by_batch_size} requests on {where}"
+        speed += f", the roots alone in batches of more than {config.disable_by_batch_size} {where}"
     return ServedConfig(config, "shipped", f"the drafter folder's defaults for this CPU{speed}", profile)
 
 

@@ -441,10 +441,10 @@ class ReAnchorWorker(DFlashWorkerV2):
     def _round_node_budget(self, bs: int) -> int:
         """Tree nodes each of ``bs`` requests may verify this round: ``node_budget``, or what the
         cost profile's `BatchBudget` chooses for ``bs``, or the share of ``batch_node_budget``
-        (at least the root): big batches verify short chains; from ``disable_by_batch_size`` requests
-        on, the roots alone (a plain decode step)."""
+        (at least the root): big batches verify short chains; past ``disable_by_batch_size`` requests,
+        the roots alone (a plain decode step)."""
         limit = self.reanchor.disable_by_batch_size
-        if limit is not None and bs >= limit:
+        if limit is not None and bs > limit:
             return 1
         nodes = self.widths.verify_nodes
         if self._batch_budget is not None:
