@@ -166,7 +166,7 @@ def test_a_server_takes_the_entrys_served_fields_on_top(pair, tmp_path):
     served = served_config("cpu", "float32", str(tmp_path), environ={})
     assert served.config == chosen.replace(batch_node_budget=chosen.node_budget)
     assert "nothing measured under load" in served.note
-    # drafting stops from a batch size on: the tree's own size shared below it
+    # drafting stops past a batch size: the tree's own size shared up to it
     entry["served"] = {"config": {"disable_by_batch_size": 1}, "measured": "results/y/load"}
     (tmp_path / SHIPPED_FILE).write_text(json.dumps({"entries": [entry]}))
     served = served_config("cpu", "float32", str(tmp_path), environ={})
