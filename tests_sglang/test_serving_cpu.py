@@ -160,14 +160,21 @@ def test_batch_node_budget_shrinks_trees_as_the_batch_grows(pair, tmp_path):
     ``disable_by_batch_size`` (2) stops drafting past a batch size: 3 requests together verify
     their roots alone (a plain decode step, where their share 7 // 3 = 2 would verify a draft),
     2 requests 3 nodes each, a request alone up to 7; the tokens stay the reference engine's
-    greedy ones."""
+    greedy ones. Request b decodes all its tokens in the batch of 3, whose draft-KV rows wait
+    in the worker's backlog (`draft_kv_backlog`) until b has finished; its next turn, alone,
+    drafts over them (the radix cache's copy) the reference engine's rounds."""
     root, target, drafter = pair
     trace = tmp_path / "trace.jsonl"
     config = '{"policy": "offset", "batch_node_budget": 7, "disable_by_batch_size": 2}'
-    got = serve(root, "REANCHOR", ROUNDS[:2], config, trace)
+    b_next = [{"rid": "b-next", "continues": "b", "append": [1, 17, 23], "max_new_tokens": 16}]
+    got = serve(root, "REANCHOR", [*ROUNDS[:2], b_next], config, trace)
     reference = SpeculativeGenerator(target, drafter, config=parse_config(config))
     for rid, (prompt, n) in [*PROMPTS.items(), ("a-again", PROMPTS["a"])]:
         assert got[rid]["output_ids"] == reference.generate(prompt, n, method="reanchor").tokens, rid
+    ref_next = reference.generate(got["b-next"]["input_ids"], 16, method="reanchor")
+    assert got["b-next"]["output_ids"] == ref_next.tokens
+    assert trace_taus(trace)["b-next"] == ref_next.acceptance_lengths
+    assert got["b-next"]["cached_tokens"] > len(PROMPTS["b"][0])  # b's generated tokens' rows were read
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert all(r["nodes"] <= max(1, 7 // r["batch"]) for r in rows), rows
     assert {r["batch"] for r in rows} >= {1, 3}  # both regimes ran

@@ -20,7 +20,8 @@ round's device logic is the project's `RoundCore` (``self.core``), as in the eng
                    acceptance (greedy, or a target sample per node), TP-synced
     core.commit    the commit plan; logprobs and sampling masks of the emitted tokens (outputs)
     _commit        the accepted path's target KV to the front of the window, its features
-                   into the draft KV, the new rejected suffix into the store
+                   into the draft KV, the new rejected suffix into the store (a root-alone
+                   round's features wait in the draft-KV backlog until a round drafts)
     return         GenerationBatchResult (accepted drafts + bonus per request)
 
 The radix cache only ever sees committed tokens: SGLang inserts
@@ -74,6 +75,7 @@ from ..verify import Acceptance
 from . import seam
 from .context_end import RoundRoom, check_reserved, reserved_columns, round_room, set_row_width
 from .cpu_compat import needs_cpu_hooks
+from .draft_kv_backlog import DraftKVBacklog, backlog_bytes_from_env
 from .layout import cap_tree, draft_window, verify_inputs
 from .node_sampling import adjust_node_logits, node_picks
 from .outputs import RoundTiming, attach_token_outputs, emitted_hidden_states, prefill_hidden_states, write_trace
@@ -161,6 +163,9 @@ class ReAnchorWorker(DFlashWorkerV2):
         fc = self.draft_model.fc
         self._feature_dim = int(fc.input_size if getattr(self.draft_model, "quantizable", False) else fc.in_features)
         self._suffixes: SuffixStore | None = None  # built once SGLang has allocated its pools
+        # root-alone rounds' draft-KV writes, held while their batch decodes plainly (draft_kv_backlog)
+        self._draft_kv_backlog = DraftKVBacklog(self._append_target_hidden_to_draft_kv_by_loc,
+                                                max_bytes=backlog_bytes_from_env())
         self._tree_rng = torch.Generator(device="cpu").manual_seed(self.reanchor.seed)
         self.core = RoundCore(self.reanchor, self._num_drafts, self.device, max_nodes=self.widths.verify_nodes,
                               generator=self._tree_rng)
@@ -220,6 +225,10 @@ class ReAnchorWorker(DFlashWorkerV2):
     def forward_batch_generation(self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
                                  pp_proxy_tensors: Any = None) -> GenerationBatchResult:
         set_row_width(self.model_runner.req_to_token_pool.req_to_token.shape[1])  # before any reservation
+        is_decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch
+                         or batch.forward_mode.is_idle() or batch.spec_info is None)
+        if not is_decode:  # a prefill may read the held rows (a radix match) or reuse their freed slots
+            self._draft_kv_backlog.flush()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             if batch.req_pool_indices is not None and len(batch.req_pool_indices):
                 self.suffixes.reset(batch.req_pool_indices)  # prefill: a (re)admitted request has none
@@ -241,6 +250,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         start = time.perf_counter()
         rnd = self._begin_round(batch)
         if bool(rnd.room.drafted.any()):
+            self._draft_kv_backlog.flush()  # the drafter reads every committed row
             tree = self._draft_tree(batch, rnd)
             grammar_tree = self._grammar_tree(batch, tree)
             verified = self._verify(batch, rnd, tree)
@@ -251,7 +261,7 @@ class ReAnchorWorker(DFlashWorkerV2):
         logits, acc = self._accept_nodes(batch, rnd, tree, verified, grammar_tree, grammar_barrier)
         commit = self.core.commit(tree, acc, rnd.prefix)
         attach_token_outputs(batch, verified.logits_output, logits, commit)
-        self._commit(rnd, verified, acc, commit)
+        self._commit(batch, rnd, verified, acc, commit)
         # the scheduler copies these to the host: only for requests that asked for them
         verified.logits_output.hidden_states = (
             emitted_hidden_states(verified.logits_output, commit, rnd.bs, verified.width)
@@ -394,30 +404,36 @@ class ReAnchorWorker(DFlashWorkerV2):
             self._batch_budget.observe(acc.accepted_nodes, rnd.budget)
         return logits, acc
 
-    def _commit(self, rnd: _Round, verified: _Verified, acc: Acceptance, commit: CommitPlan) -> None:
+    def _commit(self, batch: Any, rnd: _Round, verified: _Verified, acc: Acceptance, commit: CommitPlan) -> None:
         """The accepted path's target KV to the front of the window (``bs * T`` moves, identity ones
-        included: a fixed-size list), its features into the draft KV, the new rejected suffix out."""
-        if verified.width > 1:  # a root alone is where it belongs
-            window = verified.loc.reshape(-1)
-            src, dst = window[commit.move_src], window[commit.move_dst]
-            pool = self.model_runner.token_to_kv_pool
-            if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
-                move_kv_cache_native(pool.k_buffer, pool.v_buffer, dst, src)
-            else:
-                pool.move_kv_cache(dst, src)
-
+        included: a fixed-size list), its features into the draft KV, the new rejected suffix out.
+        A root-alone round moves nothing, rejects nothing, and its one row per request waits in the
+        draft-KV backlog until something reads the draft KV."""
         hidden = verified.logits_output.hidden_states.view(rnd.bs, verified.width, -1)
+        write_ids = self._draft_write_ids(verified.plan).view(rnd.bs, verified.width)
+        if verified.width == 1:  # copies: SGLang may reuse these buffers before the backlog writes them
+            self._draft_kv_backlog.hold(tuple(req.rid for req in batch.reqs), hidden[:, 0].clone(),
+                                        write_ids[:, 0].clone(), rnd.prefix.clone())
+            return
+
+        window = verified.loc.reshape(-1)
+        src, dst = window[commit.move_src], window[commit.move_dst]
+        pool = self.model_runner.token_to_kv_pool
+        if str(self.device) == "cpu":  # the pool's own mover is a GPU kernel
+            move_kv_cache_native(pool.k_buffer, pool.v_buffer, dst, src)
+        else:
+            pool.move_kv_cache(dst, src)
+
         dim = hidden.shape[-1]
         path = commit.path_nodes  # [bs, T]
         commit_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, dim))
-        commit_ids = self._draft_write_ids(verified.plan).view(rnd.bs, verified.width)[:, : path.shape[1]]
+        commit_ids = write_ids[:, : path.shape[1]]
         positions = rnd.prefix[:, None] + torch.arange(path.shape[1], device=rnd.prefix.device)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=commit_hidden.reshape(-1, dim), cache_loc=commit_ids.reshape(-1),
             cache_loc_2d=commit_ids, positions=positions.reshape(-1), commit_lens=commit.commit_lens.to(torch.int32),
         )
-        if verified.width > 1:  # a root alone rejects nothing
-            self.suffixes.put(rnd.slots, *self.core.next_suffix(acc, commit, hidden))
+        self.suffixes.put(rnd.slots, *self.core.next_suffix(acc, commit, hidden))
 
     @staticmethod
     def _mask_by_grammar(batch: Any, grammar_tree: Any, logits: torch.Tensor, barrier: Any) -> torch.Tensor:
