@@ -225,11 +225,8 @@ class ReAnchorWorker(DFlashWorkerV2):
     def forward_batch_generation(self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
                                  pp_proxy_tensors: Any = None) -> GenerationBatchResult:
         set_row_width(self.model_runner.req_to_token_pool.req_to_token.shape[1])  # before any reservation
-        is_decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch
-                         or batch.forward_mode.is_idle() or batch.spec_info is None)
-        if not is_decode:  # a prefill may read the held rows (a radix match) or reuse their freed slots
-            self._draft_kv_backlog.flush()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            self._draft_kv_backlog.flush()  # a prefill may read the held rows (a radix match) or reuse their slots
             if batch.req_pool_indices is not None and len(batch.req_pool_indices):
                 self.suffixes.reset(batch.req_pool_indices)  # prefill: a (re)admitted request has none
             result = super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
@@ -237,6 +234,7 @@ class ReAnchorWorker(DFlashWorkerV2):
                 result.logits_output.hidden_states = prefill_hidden_states(batch, result.logits_output)
             return result
         if batch.forward_mode.is_idle() or batch.spec_info is None:
+            self._draft_kv_backlog.flush()
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         result = self._decode(batch, grammar_barrier)
         if on_publish is not None:
