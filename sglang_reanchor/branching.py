@@ -52,7 +52,17 @@ from torch import Tensor
 from .config import ReAnchorConfig
 from .tree import Branches
 
-__all__ = ["branch_candidates"]
+__all__ = ["branch_candidates", "branch_rows"]
+
+
+def branch_rows(config: ReAnchorConfig, num_drafts: int) -> int:
+    """``M``: the branch rows a round lays for ``num_drafts`` baseline drafts (a host number; 0 without
+    branching). Fixed per config, whatever the node budget of the round."""
+    if not config.branch_width:
+        return 0
+    if config.branch_shape == "best_first":
+        return config.branch_rows
+    return min(config.branch_rows, num_drafts * config.branch_width)
 
 
 def branch_candidates(baseline: Tensor, logits: Tensor, config: ReAnchorConfig,
@@ -83,6 +93,9 @@ def branch_candidates(baseline: Tensor, logits: Tensor, config: ReAnchorConfig,
     k = min(config.branch_width, vocab - 1)
     probs = (logits.float() / config.branch_temperature).softmax(-1)
     top = probs.topk(1 + k, dim=-1)  # [bs, n, 1+k]: the draft itself first
+    if config.branch_shape == "best_first":
+        return _best_first(baseline, top.values, top.indices if token_ids is None else token_ids[top.indices],
+                           config)
     q = top.values[..., 0]  # p_t(g_t)
     reach = torch.nn.functional.pad(q.cumprod(dim=1)[:, :-1], (1, 0), value=1.0)  # prod_{i<t} q_i
     score = (reach[:, :, None] * top.values[..., 1:]).reshape(bs, n * k)  # [bs, n*k], depth-major
@@ -123,3 +136,77 @@ def _cut(q: Tensor, score: Tensor, depth: Tensor, lengths: Tensor, max_length: i
     keep = (running >= math.log(threshold)) & (slot <= n) & (k < lengths[:, :, None])
     kept = keep.sum(dim=-1)  # the running score only falls: the kept tokens lead
     return torch.where(kept > 0, depth, -1), kept.clamp(min=1)
+
+
+def _best_first(baseline: Tensor, values: Tensor, indices: Tensor, config: ReAnchorConfig) -> Branches:
+    """DDTree's best-first tree below ``baseline``, as branch rows (``config.branch_shape="best_first"``).
+
+    ``values``, ``indices`` ``[bs, n, K]``: every slot's top ``K = 1 + branch_width`` probabilities and
+    tokens, the draft first. A node is a path of choices ``c_1 .. c_d`` (``c_t`` in ``0 .. K-1``, 0 the
+    baseline's draft), worth ``prod_t values[t, c_t]``: the chance that the target accepts it all, were the
+    slots independent (DFlash drafts them in parallel). Its parent is worth at least as much, so the
+    ``node_budget - 1`` best nodes form a tree, and a beam of that width per depth finds them exactly (a
+    node among the best has its parent among the best of the depth above). A path keeps at most
+    ``branch_length`` tokens after it leaves the baseline, and with ``verify_threshold`` only nodes worth
+    at least that. Each leaf off the baseline becomes a row: its path from where it leaves the baseline
+    (``sites``), the most valuable ``branch_rows`` leaves first; the trie merges what rows share.
+    The loop runs over depths (``n`` host steps), never over nodes.
+    """
+    bs, width = baseline.shape
+    n, k = values.shape[1], values.shape[2]
+    budget = max(config.node_budget - 1, 1)
+    dev = baseline.device
+    # choice 0 is the baseline's own draft, whatever the top-k's order among ties
+    tokens = torch.cat([baseline[:, 1:1 + n, None], indices[..., 1:]], dim=-1)  # [bs, n, K]
+    # float64 and a tiny cost per depth: a child never outranks its parent, even where p = 1
+    log_v = values.double().clamp(min=1e-300).log() - 1e-9
+    floor = -math.inf if config.verify_threshold is None else math.log(config.verify_threshold)
+    choice = torch.arange(k, device=dev)
+
+    score = torch.zeros(bs, 1, dtype=torch.float64, device=dev)  # the root
+    site = torch.zeros(bs, 1, dtype=torch.long, device=dev)  # depth where a path left the baseline; 0 = on it
+    path = torch.zeros(bs, 1, 0, dtype=torch.long, device=dev)  # [bs, B, d]: tokens of each path
+    levels: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # per depth: score, site, path, parent
+    for t in range(1, n + 1):
+        cand = score[:, :, None] + log_v[:, None, t - 1, :]  # [bs, B, K]
+        off = torch.where(site[:, :, None] > 0, site[:, :, None], torch.where(choice > 0, t, 0))
+        cand = cand.masked_fill((off > 0) & (t - off >= config.branch_length), -math.inf)
+        cand = cand.masked_fill(cand < floor, -math.inf).flatten(1)  # [bs, B*K]
+        score, best = cand.topk(min(budget, cand.shape[1]), dim=1)
+        parent = best // k
+        site = off.flatten(1).gather(1, best)
+        token = tokens[:, t - 1].gather(1, best % k)
+        path = torch.cat([path.gather(1, parent[:, :, None].expand(-1, -1, t - 1)), token[:, :, None]], dim=2)
+        levels.append((score, site, path, parent))
+
+    # the budget's best nodes over all depths; -inf (pruned) never counts
+    keys = torch.cat([lv[0] for lv in levels], dim=1)  # [bs, T]
+    kth = keys.topk(min(budget, keys.shape[1]), dim=1).values[:, -1:]
+    chosen = [(lv[0] >= kth) & (lv[0] > -math.inf) for lv in levels]
+    # a leaf: chosen, off the baseline, and no chosen child
+    leaf_key, leaf_site, leaf_path = [], [], []
+    for t, (lv_score, lv_site, lv_path, _) in enumerate(levels, start=1):
+        children = torch.zeros_like(lv_site)
+        if t < n:
+            children.scatter_add_(1, levels[t][3], chosen[t].long())
+        leaf = chosen[t - 1] & (lv_site > 0) & (children == 0)
+        leaf_key.append(lv_score.masked_fill(~leaf, -math.inf))
+        leaf_site.append(lv_site)
+        leaf_path.append(torch.nn.functional.pad(lv_path, (0, n - t)))
+    key_all = torch.cat(leaf_key, dim=1)
+    depth_all = torch.cat([torch.full_like(s, t) for t, s in enumerate(leaf_site, start=1)], dim=1)
+    site_all, path_all = torch.cat(leaf_site, dim=1), torch.cat(leaf_path, dim=1)  # [bs, T], [bs, T, n]
+    m = config.branch_rows
+    if key_all.shape[1] < m:  # fewer candidate nodes than rows: pad with nothing
+        pad = m - key_all.shape[1]
+        key_all = torch.nn.functional.pad(key_all, (0, pad), value=-math.inf)
+        depth_all, site_all = (torch.nn.functional.pad(x, (0, pad), value=1) for x in (depth_all, site_all))
+        path_all = torch.nn.functional.pad(path_all, (0, 0, 0, pad))
+    key, row = key_all.topk(m, dim=1)  # [bs, M], the most valuable leaves first
+    sites = site_all.gather(1, row)
+    lengths = depth_all.gather(1, row) - sites + 1
+    j = torch.arange(width, device=dev)
+    cols = (sites[:, :, None] - 1 + j).clamp(0, n - 1)  # [bs, M, W]: path index of each row token
+    rows = path_all.gather(1, row[:, :, None].expand(-1, -1, n)).gather(2, cols)
+    valid = key > -math.inf
+    return Branches(tokens=rows, sites=torch.where(valid, sites, -1), lengths=torch.where(valid, lengths, 1))

@@ -14,10 +14,12 @@ from typing import Literal
 AttachPolicy = Literal["earliest", "offset", "random", "longest_prefix"]
 NoMatchFallback = Literal["skip", "offset"]
 Region = Literal["all", "in_block", "beyond"]
+BranchShape = Literal["chains", "best_first"]
 
 ATTACH_POLICIES: tuple[str, ...] = ("earliest", "offset", "random", "longest_prefix")
 NO_MATCH_FALLBACKS: tuple[str, ...] = ("skip", "offset")
 REGIONS: tuple[str, ...] = ("all", "in_block", "beyond")
+BRANCH_SHAPES: tuple[str, ...] = ("chains", "best_first")
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,14 @@ class ReAnchorConfig:
         Branches kept per round, the most likely first (each a short chain below the
         baseline; created after the shifted rows, so a node budget drops them first).
     branch_length:
-        Tokens per branch: the alternative, then the baseline's next drafts.
+        Tokens per branch: the alternative, then the baseline's next drafts (``"best_first"``:
+        the most tokens a path keeps once it has left the baseline).
+    branch_shape:
+        ``"chains"`` (the default): each branch is one alternative followed by the baseline's
+        own later drafts. ``"best_first"``: DDTree's tree, the ``node_budget - 1`` most likely
+        paths over every slot's top ``1 + branch_width`` tokens, so a path may leave the
+        baseline and then take a second or third choice again; its leaves off the baseline
+        are the branches (at most ``branch_rows``).
     branch_temperature:
         Temperature of the drafter's distribution when branches are scored (a
         calibration of its confidence; chosen on development prompts).
@@ -128,6 +137,7 @@ class ReAnchorConfig:
     branch_width: int = 0
     branch_rows: int = 4
     branch_length: int = 2
+    branch_shape: BranchShape = "chains"
     branch_temperature: float = 1.0
     draft_vocab: int | None = None
     verify_threshold: float | None = None
@@ -151,6 +161,7 @@ class ReAnchorConfig:
         _check_choice("policy", self.policy, ATTACH_POLICIES)
         _check_choice("fallback", self.fallback, NO_MATCH_FALLBACKS)
         _check_choice("region", self.region, REGIONS)
+        _check_choice("branch_shape", self.branch_shape, BRANCH_SHAPES)
         if not isinstance(self.root_site, bool):
             raise ValueError(f"ReAnchorConfig.root_site must be a bool, got {self.root_site!r}")
         if isinstance(self.branch_width, bool) or not isinstance(self.branch_width, int) or self.branch_width < 0:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .branching import branch_candidates
+from .branching import branch_candidates, branch_rows
 from .config import ReAnchorConfig
 from .indices import arange
 from .suffix import SuffixBatch
@@ -185,8 +185,7 @@ class RoundCore:
     def num_rows(self) -> int:
         """Rows of the grid a tree is merged on: the baseline, the shifted rows, the branches."""
         config = self.config
-        branches = min(config.branch_rows, self.num_drafts * config.branch_width) if config.branch_width else 0
-        return 1 + len(config.offsets) + branches
+        return 1 + len(config.offsets) + branch_rows(config, self.num_drafts)
 
     def width(self, node_budget: int | None = None) -> int:
         """``N``: the tree width for a budget (a host number)."""

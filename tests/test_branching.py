@@ -105,8 +105,9 @@ def test_branches_over_a_draft_vocabulary_name_target_tokens(threshold):
     assert b.sites.tolist() == [[1]] and b.tokens[0, 0, :2].tolist() == [30, 40] and b.lengths.tolist() == [[2]]
 
 
+@pytest.mark.parametrize("shape", ["chains", "best_first"])
 @pytest.mark.parametrize("threshold", [None, 0.05])
-def test_branch_selection_reads_nothing_from_the_device(threshold):
+def test_branch_selection_reads_nothing_from_the_device(threshold, shape):
     """Widths come from the config, never from the drafts: no host sync (`audit.SyncDetector`)."""
     from sglang_reanchor.audit import SyncDetector
 
@@ -114,7 +115,90 @@ def test_branch_selection_reads_nothing_from_the_device(threshold):
     logits = torch.randn(4, 6, 50, generator=gen)
     baseline = torch.cat([torch.randint(50, (4, 1), generator=gen), logits.argmax(-1),
                           torch.randint(50, (4, 9), generator=gen)], dim=1)  # W = 16, n = 6
-    cfg = ReAnchorConfig(branch_width=2, branch_rows=4, branch_length=3, verify_threshold=threshold)
+    cfg = ReAnchorConfig(branch_width=2, branch_rows=4, branch_length=3, verify_threshold=threshold,
+                         branch_shape=shape, node_budget=24)
     with SyncDetector() as syncs:
         branch_candidates(baseline, logits, cfg)
     syncs.assert_none()
+
+
+def reference_best_first(baseline, probs, width, rows, length, threshold, budget):
+    """DDTree's tree by brute force: every path of choices over each slot's top ``1 + width`` tokens
+    (choice 0 the draft g_t), the ``budget`` most likely kept, a path at most ``length`` tokens past where
+    it leaves the baseline, none below ``threshold``; its leaves off the baseline, best first, as
+    ``[(site, tokens)]`` (``rows`` of them, ``(-1, [])`` past the last), and the smallest relative gap
+    between two path values or a value and the threshold (where float rounding could decide)."""
+    import itertools
+
+    n = len(probs)
+    ranked = [sorted(range(len(p)), key=lambda c: -p[c])[: 1 + width] for p in probs]
+    nodes = {}  # choices -> (value, site)
+    for d in range(1, n + 1):
+        for choices in itertools.product(range(1 + width), repeat=d):
+            if any(c >= len(ranked[t]) for t, c in enumerate(choices)):
+                continue
+            off = [t for t, c in enumerate(choices, start=1) if c > 0]
+            site = off[0] if off else 0
+            if site and d - site >= length:
+                continue
+            value = math.prod(probs[t][ranked[t][c]] for t, c in enumerate(choices))
+            if threshold is not None and value < threshold:
+                continue
+            nodes[choices] = (value, site)
+    best = sorted(nodes, key=lambda c: (-nodes[c][0], len(c)))[:budget]
+    chosen = set(best)
+    leaves = [c for c in best if nodes[c][1] and not any(c + (x,) in chosen for x in range(1 + width))]
+    out = []
+    for c in leaves[:rows]:
+        site = nodes[c][1]
+        out.append((site, [ranked[t][x] if x else baseline[t + 1] for t, x in enumerate(c)][site - 1:]))
+    out += [(-1, [])] * (rows - len(out))
+    values = sorted([v for v, _ in nodes.values()] + ([threshold] if threshold is not None else []))
+    margin = min((abs(a - b) / max(a, b, 1e-300) for a, b in zip(values, values[1:])), default=1.0)
+    return out, margin
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_best_first_tree_equals_the_enumeration(data):
+    """``branch_shape="best_first"``: the rows are the leaves of the budget's most likely paths, in order."""
+    vocab = data.draw(st.integers(2, 6))
+    block = data.draw(st.integers(2, 6))
+    n = data.draw(st.integers(1, block - 1))
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    width = data.draw(st.integers(1, min(3, vocab - 1)))
+    rows = data.draw(st.integers(1, 8))
+    length = data.draw(st.integers(1, block))
+    budget = data.draw(st.integers(1, 24))
+    threshold = data.draw(st.one_of(st.none(), st.floats(0.001, 1.0)))
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, n, vocab, generator=gen) * 2
+    probs = logits.float().softmax(-1)
+    baseline = [int(torch.randint(vocab, (1,), generator=gen))] + probs[0].argmax(-1).tolist()
+    baseline += torch.randint(vocab, (block - 1 - n,), generator=gen).tolist()
+    cfg = ReAnchorConfig(branch_width=width, branch_rows=rows, branch_length=length, verify_threshold=threshold,
+                         branch_shape="best_first", node_budget=budget + 1)
+    got = branch_candidates(torch.tensor([baseline]), logits, cfg)
+    want, margin = reference_best_first(baseline, probs[0].double().tolist(), width, rows, length, threshold,
+                                        budget)
+    assume(margin > 1e-4)
+    assert got.sites.shape == (1, rows) and got.tokens.shape == (1, rows, block)
+    assert [(int(s), got.tokens[0, m, : int(got.lengths[0, m])].tolist() if s > 0 else [])
+            for m, s in enumerate(got.sites[0])] == want
+
+
+def test_best_first_takes_a_second_choice_after_a_first():
+    """Two hesitant slots: the path that leaves the baseline and then takes slot 2's second choice
+    too (0.4 * 0.43) is among the nine most likely, so the tree holds it; chains never leave twice."""
+    probs = torch.tensor([[[0.55, 0.4, 0.05], [0.05, 0.52, 0.43], [0.9, 0.06, 0.04]]])
+    baseline = torch.tensor([[2, 0, 1, 0]])  # bonus 2, drafts g = 0 1 0 (each slot's argmax)
+    cfg = ReAnchorConfig(branch_width=1, branch_rows=4, branch_length=3, node_budget=10, branch_shape="best_first")
+    b = branch_candidates(baseline, probs.log(), cfg)
+    # by value: g1 .55, [1] .4, g1g2 .286, g1g2g3 .2574, g1 [2] .2365, g1 [2] g3 .21285, [1] g2 .208,
+    # [1] g2 g3 .1872, [1 2] .172 (then [1 2] g3 .1548): three leaves off the baseline
+    rows = [(int(s), b.tokens[0, m, : int(b.lengths[0, m])].tolist()) for m, s in enumerate(b.sites[0])]
+    assert rows == [(2, [2, 0]), (1, [1, 1, 0]), (1, [1, 2]), (-1, [1])]
+    chains = branch_candidates(baseline, probs.log(), cfg.replace(branch_shape="chains"))
+    for m, s in enumerate(chains.sites[0].tolist()):  # one alternative, then the baseline's drafts
+        length = int(chains.lengths[0, m])
+        assert chains.tokens[0, m, 1:length].tolist() == baseline[0, 1 + s:s + length].tolist()

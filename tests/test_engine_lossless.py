@@ -62,7 +62,8 @@ def make_case(case: int, tmp_path):
     branch = random.Random(20_000 + case)
     if branch.random() < 0.4:
         config = config.replace(branch_width=branch.choice([1, 2, 3]), branch_rows=branch.choice([1, 3, 8]),
-                                branch_length=branch.choice([1, 2, 4]), branch_temperature=branch.choice([0.5, 1.0, 3.0]))
+                                branch_length=branch.choice([1, 2, 4]), branch_temperature=branch.choice([0.5, 1.0, 3.0]),
+                                branch_shape=branch.choice(["chains", "best_first"]))
     # and three in ten cut rows where the drafter's confidence runs out (own stream)
     sure = random.Random(30_000 + case)
     if sure.random() < 0.3:

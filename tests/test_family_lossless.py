@@ -106,7 +106,8 @@ def make_case(family: str, case: int, tmp_path):
     branch = random.Random(20_000 + case)  # half the cases branch on the head's runner-up tokens (own stream)
     if branch.random() < 0.5:
         config = config.replace(branch_width=branch.choice([1, 2, 3]), branch_rows=branch.choice([1, 3, 8]),
-                                branch_length=branch.choice([1, 2, 4]), branch_temperature=branch.choice([0.5, 1.0, 3.0]))
+                                branch_length=branch.choice([1, 2, 4]), branch_temperature=branch.choice([0.5, 1.0, 3.0]),
+                                branch_shape=branch.choice(["chains", "best_first"]))
     return target, drafter, config, draft_vocab, prompt, rng.choice([1, 7, 33, 48])
 
 
@@ -155,12 +156,13 @@ def test_a_seed_gives_plain_decodings_tokens_with_family_drafters(family, case, 
 
 
 @pytest.mark.parametrize("family", ["domino", "dspark"])
-@pytest.mark.parametrize("branch_width", [0, 2])
-def test_first_tokens_follow_the_target_distribution_with_family_drafters(family, branch_width):
+@pytest.mark.parametrize("branch_width,shape", [(0, "chains"), (2, "chains"), (2, "best_first")])
+def test_first_tokens_follow_the_target_distribution_with_family_drafters(family, branch_width, shape):
     target = tiny_target("llama", vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1, seed=3)
     target.generation_config.eos_token_id = target.config.eos_token_id = None
     make = tiny_domino_drafter if family == "domino" else tiny_dspark_drafter
-    config = ReAnchorConfig(offsets=(1, 2), node_budget=16, branch_width=branch_width, branch_rows=3)
+    config = ReAnchorConfig(offsets=(1, 2), node_budget=16, branch_width=branch_width, branch_rows=3,
+                            branch_shape=shape)
     gen = SpeculativeGenerator(target, make(target, block_size=4, seed=5), config)
     prompt, params = torch.tensor([[1, 3, 0]]), SamplingParams(temperature=1.0)
     joint = exact_joint(target, prompt, params)

@@ -51,7 +51,7 @@ def parse_config(text: str) -> ReAnchorConfig:
     >>> parse_config('{"ofsets": [1]}')
     Traceback (most recent call last):
     ...
-    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, disable_by_batch_size, max_depth, draft_slots, branch_width, branch_rows, branch_length, branch_temperature, draft_vocab, verify_threshold, max_requests, seed
+    ValueError: SGLANG_REANCHOR_CONFIG: unknown field 'ofsets'; fields are offsets, policy, root_site, fallback, node_budget, region, batch_node_budget, disable_by_batch_size, max_depth, draft_slots, branch_width, branch_rows, branch_length, branch_shape, branch_temperature, draft_vocab, verify_threshold, max_requests, seed
     >>> parse_config('{"verify_threshold": 0.3}').verify_threshold
     0.3
     """
