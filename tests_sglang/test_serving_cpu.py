@@ -126,9 +126,12 @@ ROUNDS = [
      ('{"policy": "offset", "draft_vocab": 32}', "reanchor", "reanchor_sdpa"),
      ('{"policy": "offset", "branch_width": 2, "branch_rows": 4, "draft_vocab": 48}', "reanchor", "reanchor_sdpa"),
      ('{"offsets": [], "branch_width": 1, "branch_rows": 3, "branch_length": 3}', "reanchor", "reanchor_sdpa"),
+     ('{"policy": "offset", "offsets": [1], "branch_width": 2, "branch_rows": 6, "branch_length": 4, '
+      '"branch_shape": "best_first", "node_budget": 16}', "reanchor", "reanchor_sdpa"),
      ('{"policy": "offset", "offsets": [1, 2], "draft_slots": 4}', "reanchor", "reanchor_sdpa")],
     ids=["offset", "offset-triton", "default", "no-offsets-is-dflash", "no-offsets-is-dflash-triton",
-         "offset-max-depth", "dflash-max-depth", "draft-vocab", "branching", "branching-chain", "draft-slots"],
+         "offset-max-depth", "dflash-max-depth", "draft-vocab", "branching", "branching-chain", "best-first",
+         "draft-slots"],
 )
 def test_reanchor_in_sglang_matches_the_reference_engine(pair, tmp_path, config, method, backend):
     """With no offsets the plugin drafts and verifies DFlash's chain: the oracle is the reference DFlash.
@@ -265,9 +268,12 @@ def test_reanchor_tokens_equal_plain_sglang(pair):
 
 
 BRANCHING = '{"policy": "offset", "branch_width": 4, "branch_rows": 8, "branch_length": 2}'
+BEST_FIRST = ('{"policy": "offset", "branch_width": 3, "branch_rows": 8, "branch_length": 3, '
+              '"branch_shape": "best_first", "node_budget": 24}')
 
 
-@pytest.mark.parametrize("config", ['{"policy": "offset"}', BRANCHING], ids=["trees", "branching"])
+@pytest.mark.parametrize("config", ['{"policy": "offset"}', BRANCHING, BEST_FIRST],
+                         ids=["trees", "branching", "best-first"])
 def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path, config):
     """A Domino drafter (SGLang's ``projector_type: "domino"`` format): every block, the baseline
     and the shifted ones, is rolled out from its own anchor by SGLang's `domino_greedy_rollout` in
@@ -290,7 +296,7 @@ def test_a_domino_drafter_serves_the_reference_engines_rounds(pair, tmp_path, co
         ref = reference.generate(prompt, n, method="reanchor")
         assert got[rid]["output_ids"] == ref.tokens == reference.generate(prompt, n, method="target").tokens, rid
         assert taus[rid] == ref.acceptance_lengths and nodes[rid] == ref.tree_sizes, rid
-        if config == BRANCHING:  # the branches are in the trees: wider than without them
+        if "branch_width" in config:  # the branches are in the trees: wider than without them
             assert sum(ref.tree_sizes) > sum(unbranched.generate(prompt, n, method="reanchor").tree_sizes), rid
     assert max(max(t) for t in taus.values()) > 1  # drafts are accepted (random weights: via shifted rows)
 
@@ -332,8 +338,10 @@ CUT = '{"policy": "offset", "offsets": [1, 2], "verify_threshold": 0.05}'
 
 @pytest.mark.parametrize("family,config", [("dflash", CUT), ("dflash", CUT[:-1] + ', "draft_vocab": 32}'),
                                            ("domino", CUT[:-1] + ', "branch_width": 2, "branch_rows": 4}'),
+                                           ("dflash", CUT[:-1] + ', "branch_width": 2, "branch_rows": 6, '
+                                                      '"branch_shape": "best_first"}'),
                                            ("dspark", CUT)],
-                         ids=["dflash", "dflash-draft-vocab", "domino-branching", "dspark"])
+                         ids=["dflash", "dflash-draft-vocab", "domino-branching", "dflash-best-first", "dspark"])
 def test_a_confidence_cut_serves_the_reference_engines_trees(pair, tmp_path, family, config):
     """``verify_threshold`` served: each drafted row (and branch) cut where the running product of the
     drafter's probabilities falls below it, from the probabilities the worker scores as the engine does
