@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
              "drafter_sha256": weights,  # the speeds were measured with these weights
              "linears_packed": gen.linear_packing.packed}  # ... and these kernels (engine.packed_linear)
     old = next((e for e in data["entries"] if e["key"] == key), None)
-    if old is not None and old.get("served") and old["config"] == config:
+    if old is not None and old.get("served") and ReAnchorConfig(**old["config"]) == best:  # (fields added since
+        # the entry was written take their defaults)
         entry["served"] = old["served"]  # measured under load for this same config: still its shape
     if old is not None and old.get("sampled") and old.get("drafter_sha256") == weights:
         entry["sampled"] = old["sampled"]  # measured with these weights, whatever wins at T = 0
