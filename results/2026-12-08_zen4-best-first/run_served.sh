@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One client served by SGLang: plain SGLang, REANCHOR with nothing set (this CPU's entry: one shifted row, 9 nodes,
-# cut at 0.3) and REANCHOR with the cut best-first tree (one shifted row + top 5, 24 nodes, cut at 0.05; alone,
-# without the row), both verifying roots alone from two requests on as the entry does; 2-core Zen 4, bfloat16,
-# 32 greedy tokens per request, 32 requests, interleaved x3, traced.
+# cut at 0.3) and REANCHOR with the cut best-first tree alone (no shifted row; top 5, 24 nodes, cut at 0.05),
+# both verifying roots alone from two requests on as the entry does; 2-core Zen 4, bfloat16, 32 greedy tokens
+# per request, 32 requests, interleaved x3, traced.
 set -euo pipefail
 SGL=${SGL:-build/sglang-venv/bin/python}
 OUT=${OUT:-results/2026-12-08_zen4-best-first}
