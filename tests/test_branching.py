@@ -13,6 +13,20 @@ from sglang_reanchor.branching import branch_candidates
 from sglang_reanchor.config import ReAnchorConfig
 
 
+def draw_slots(data, max_vocab: int, max_block: int):
+    """A random baseline block and the drafter's logits at its first ``n`` slots (its drafts their argmax):
+    ``(vocab, block, logits [1, n, vocab], probs [1, n, vocab], baseline [block])``."""
+    vocab = data.draw(st.integers(3, max_vocab))
+    block = data.draw(st.integers(2, max_block))
+    n = data.draw(st.integers(1, block - 1))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    logits = torch.randn(1, n, vocab, generator=gen) * 2
+    probs = logits.float().softmax(-1)  # what branch_candidates scores
+    baseline = [int(torch.randint(vocab, (1,), generator=gen))] + probs[0].argmax(-1).tolist()
+    baseline += torch.randint(vocab, (block - 1 - n,), generator=gen).tolist()  # drafts past the logits
+    return vocab, block, logits, probs, baseline
+
+
 def reference_branches(baseline, probs, width, rows, length, threshold):
     """Every (depth, alternative) scored by hand, the best ``rows`` kept, each cut by ``threshold``.
 
@@ -56,19 +70,11 @@ def reference_branches(baseline, probs, width, rows, length, threshold):
 @given(st.data())
 def test_branches_equal_the_enumeration(data):
     """The chosen branches, their order, sites and kept tokens, with and without a threshold."""
-    vocab = data.draw(st.integers(3, 7))
-    block = data.draw(st.integers(2, 7))
-    n = data.draw(st.integers(1, block - 1))
-    seed = data.draw(st.integers(0, 2**31 - 1))
+    vocab, block, logits, probs, baseline = draw_slots(data, max_vocab=7, max_block=7)
     width = data.draw(st.integers(1, vocab - 1))
     rows = data.draw(st.integers(1, 6))
     length = data.draw(st.integers(1, block))
     threshold = data.draw(st.one_of(st.none(), st.floats(0.001, 1.0)))
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(1, n, vocab, generator=gen) * 2
-    probs = logits.float().softmax(-1)  # what branch_candidates scores
-    baseline = [int(torch.randint(vocab, (1,), generator=gen))] + probs[0].argmax(-1).tolist()
-    baseline += torch.randint(vocab, (block - 1 - n,), generator=gen).tolist()  # drafts past the logits
     cfg = ReAnchorConfig(branch_width=width, branch_rows=rows, branch_length=length, verify_threshold=threshold)
     got = branch_candidates(torch.tensor([baseline]), logits, cfg)
     want, margin = reference_branches(baseline, probs[0].tolist(), width, rows, length, threshold)
@@ -162,20 +168,12 @@ def reference_best_first(baseline, probs, width, rows, length, threshold, budget
 @given(st.data())
 def test_best_first_tree_equals_the_enumeration(data):
     """``branch_shape="best_first"``: the rows are the leaves of the budget's most likely paths, in order."""
-    vocab = data.draw(st.integers(2, 6))
-    block = data.draw(st.integers(2, 6))
-    n = data.draw(st.integers(1, block - 1))
-    seed = data.draw(st.integers(0, 2**31 - 1))
+    vocab, block, logits, probs, baseline = draw_slots(data, max_vocab=6, max_block=6)
     width = data.draw(st.integers(1, min(3, vocab - 1)))
     rows = data.draw(st.integers(1, 8))
     length = data.draw(st.integers(1, block))
     budget = data.draw(st.integers(1, 24))
     threshold = data.draw(st.one_of(st.none(), st.floats(0.001, 1.0)))
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(1, n, vocab, generator=gen) * 2
-    probs = logits.float().softmax(-1)
-    baseline = [int(torch.randint(vocab, (1,), generator=gen))] + probs[0].argmax(-1).tolist()
-    baseline += torch.randint(vocab, (block - 1 - n,), generator=gen).tolist()
     cfg = ReAnchorConfig(branch_width=width, branch_rows=rows, branch_length=length, verify_threshold=threshold,
                          branch_shape="best_first", node_budget=budget + 1)
     got = branch_candidates(torch.tensor([baseline]), logits, cfg)
